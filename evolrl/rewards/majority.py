@@ -1,0 +1,55 @@
+"""Majority vote over one group's answers, with mathematical equivalence classes.
+
+Answers are grouped into classes in order of first appearance: an answer joins
+the first earlier class whose representative (its first member) it is
+equivalent to. The majority label is the representative of the largest class;
+a tie goes to the class seen first. Missing or empty answers belong to no class
+and so never win.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from evolrl.rewards.equivalence import normalize_answer, normalized_equivalent
+
+
+def group_answers(answers: Sequence[str | None]) -> list[int | None]:
+    """Class index per answer (``0, 1, ...`` in order of first appearance); ``None`` for no answer."""
+    representatives: list[str] = []  # normalized first member of each class
+    class_of_string: dict[str, int] = {}  # fast path: identical normalized strings
+    classes: list[int | None] = []
+    for answer in answers:
+        key = normalize_answer(answer) if answer is not None else ""
+        if not key:
+            classes.append(None)
+            continue
+        if key not in class_of_string:
+            match = next((c for c, rep in enumerate(representatives) if normalized_equivalent(key, rep)), None)
+            if match is None:
+                match = len(representatives)
+                representatives.append(key)
+            class_of_string[key] = match
+        classes.append(class_of_string[key])
+    return classes
+
+
+def majority_class(classes: Sequence[int | None]) -> int | None:
+    """The winning class of :func:`group_answers` output: most members, ties to the first seen."""
+    counts: dict[int, int] = {}
+    for c in classes:
+        if c is not None:
+            counts[c] = counts.get(c, 0) + 1
+    return max(counts, key=lambda c: (counts[c], -c)) if counts else None
+
+
+def majority_vote(answers: Sequence[str | None]) -> tuple[str | None, list[bool]]:
+    """``(label, is_majority)``: the winning answer (as first written) and, per answer, whether it agrees.
+
+    ``label`` is ``None`` and every flag ``False`` when no answer is present.
+    """
+    classes = group_answers(answers)
+    winner = majority_class(classes)
+    if winner is None:
+        return None, [False] * len(answers)
+    return answers[classes.index(winner)], [c == winner for c in classes]

@@ -1,0 +1,28 @@
+"""TTRL baseline: reward 1 for agreeing with the group's majority answer, else 0."""
+
+from __future__ import annotations
+
+from evolrl.rewards.answers import ValidRule
+from evolrl.rewards.base import AnswerReward
+from evolrl.types import RewardOutput, RolloutBatch
+
+
+class MajorityVoteReward(AnswerReward):
+    """``r = 1`` if the response's answer is equivalent to the majority label, else ``0``.
+
+    Args:
+        valid_rule: Which responses take part in the vote (``any``: all with an answer, as in TTRL).
+        number_fallback: Read the last number as the answer when there is no ``\\boxed{}``.
+    """
+
+    def __init__(self, valid_rule: ValidRule = "any", number_fallback: bool = True) -> None:
+        super().__init__(valid_rule, number_fallback)
+
+    def __call__(self, batch: RolloutBatch) -> RewardOutput:
+        sheet = self.read(batch)
+        return RewardOutput(
+            rewards=sheet.majority.float(),
+            answers=sheet.answers,
+            labels=sheet.labels,
+            components={"valid": sheet.valid, "majority": sheet.majority, "answer_class": sheet.answer_class},
+        )

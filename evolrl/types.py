@@ -1,0 +1,113 @@
+"""The few records that flow through a training step.
+
+All are frozen and complete when built. The group axis is explicit: a
+:class:`RolloutBatch` holds ``P`` prompts, each with a :class:`ResponseGroup` of
+``V`` responses; per-response tensors are ``[P, V]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import torch
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One unlabeled problem."""
+
+    id: str
+    """Stable identifier (row id or index in the source file)."""
+    question: str
+    """The problem text, shown to the model as the user message."""
+    answer: str | None = None
+    """Ground truth when the source has it: for metrics and the RLVR baseline only."""
+    source: str | None = None
+    """Where the prompt came from (file or dataset name), for error messages and logs."""
+
+
+@dataclass(frozen=True)
+class ResponseGroup:
+    """The ``V`` responses sampled for one prompt."""
+
+    prompt: Prompt
+    texts: tuple[str, ...]
+    """Decoded responses, ``[V]``."""
+    truncated: tuple[bool, ...] | None = None
+    """Whether each response hit the token limit, ``[V]``; ``None`` when unknown."""
+
+    def __post_init__(self) -> None:
+        if not self.texts:
+            raise ValueError(f"prompt {self.prompt.id!r}: a response group needs at least one response")
+        if self.truncated is not None and len(self.truncated) != len(self.texts):
+            raise ValueError(
+                f"prompt {self.prompt.id!r}: {len(self.truncated)} truncation flags for {len(self.texts)} responses"
+            )
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """``P`` response groups of equal size ``V``: one training step's rollouts."""
+
+    groups: tuple[ResponseGroup, ...]
+
+    def __post_init__(self) -> None:
+        if not self.groups:
+            raise ValueError("a rollout batch needs at least one response group")
+        sizes = {len(g.texts) for g in self.groups}
+        if len(sizes) != 1:
+            raise ValueError(f"all response groups must have the same size, got sizes {sorted(sizes)}")
+
+    @property
+    def num_prompts(self) -> int:
+        """``P``."""
+        return len(self.groups)
+
+    @property
+    def group_size(self) -> int:
+        """``V``."""
+        return len(self.groups[0].texts)
+
+    @property
+    def prompts(self) -> tuple[Prompt, ...]:
+        return tuple(g.prompt for g in self.groups)
+
+    @property
+    def texts(self) -> tuple[tuple[str, ...], ...]:
+        """Responses as ``[P][V]``."""
+        return tuple(g.texts for g in self.groups)
+
+    def truncated(self) -> torch.Tensor | None:
+        """``[P, V]`` bool, or ``None`` if any group lacks truncation flags."""
+        if any(g.truncated is None for g in self.groups):
+            return None
+        return torch.tensor([g.truncated for g in self.groups], dtype=torch.bool)
+
+
+@dataclass(frozen=True)
+class RewardOutput:
+    """Rewards for a rollout batch plus the named parts they were built from."""
+
+    rewards: torch.Tensor
+    """``[P, V]`` float32 scalar reward per response."""
+    answers: tuple[tuple[str | None, ...], ...]
+    """Extracted final answer per response, ``[P][V]``; ``None`` when there is none."""
+    labels: tuple[str | None, ...]
+    """Per prompt: the majority label (or the ground truth for a verifier), ``[P]``."""
+    components: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    """Named ``[P, V]`` tensors, e.g. ``valid``, ``majority``, ``novelty``, ``answer_class``."""
+
+    def __post_init__(self) -> None:
+        if self.rewards.dim() != 2:
+            raise ValueError(f"rewards must be [P, V], got shape {tuple(self.rewards.shape)}")
+        shape = tuple(self.rewards.shape)
+        if len(self.answers) != shape[0] or any(len(a) != shape[1] for a in self.answers):
+            raise ValueError(f"answers must be [P][V] = {list(shape)}")
+        if len(self.labels) != shape[0]:
+            raise ValueError(f"labels must have P = {shape[0]} entries, got {len(self.labels)}")
+        for name, value in self.components.items():
+            if tuple(value.shape) != shape:
+                raise ValueError(f"component {name!r} has shape {tuple(value.shape)}, expected {list(shape)}")
+        object.__setattr__(self, "components", MappingProxyType(dict(self.components)))

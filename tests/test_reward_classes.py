@@ -1,0 +1,83 @@
+"""EvolReward, MajorityVoteReward and VerifierReward on real text with the real MiniLM embedder."""
+
+import pytest
+import torch
+
+from evolrl.rewards import EvolReward, MajorityVoteReward, VerifierReward
+from evolrl.types import Prompt, ResponseGroup, RolloutBatch
+
+RESPONSES = (
+    r"3 + 4 = 7, so \boxed{7}.",
+    r"Adding three and four gives seven: \boxed{7}",
+    r"Counting up from 3 by 4 steps: 4, 5, 6, 7. \boxed{7.0}",
+    r"3 + 4 = 8, so \boxed{8}.",
+    r"I am not sure. \boxed{\pi}",  # no digit: invalid under the paper's rule
+    "The answer is 7.",  # no box: invalid under the paper's rule
+)
+
+
+def batch(answer=None):
+    other = (r"\boxed{12}", r"\boxed{12}", r"12 is it: \boxed{12}", r"\boxed{13}", r"\boxed{13}", r"\boxed{14}")
+    return RolloutBatch(
+        (
+            ResponseGroup(Prompt("sum", "What is 3 + 4?", answer=answer), RESPONSES),
+            ResponseGroup(Prompt("dozen", "How many in a dozen?", answer="12" if answer else None), other),
+        )
+    )
+
+
+def test_evol_reward(minilm):
+    out = EvolReward(embedder=minilm)(batch())
+    r = out.rewards
+    assert r.shape == (2, 6)
+    assert out.labels == ("7", "12")
+    assert out.answers[0][2] == "7.0"
+    assert out.components["valid"][0].tolist() == [True, True, True, True, False, False]
+    assert out.components["majority"][0].tolist() == [True, True, True, False, False, False]
+    assert ((r[0, :3] >= 0.5) & (r[0, :3] <= 1.0)).all()
+    assert r[0, 3].item() == -0.5  # lone minority response
+    assert r[0, 4:].tolist() == [-1.0, -1.0]
+    # prompt 2: duplicated texts are the least novel of their group (up to float noise in the embedder)
+    assert r[1].tolist() == pytest.approx([0.5, 0.5, 1.0, -1.0, -1.0, -0.5], abs=1e-5)
+    assert torch.isfinite(out.components["novelty"][out.components["valid"]]).all()
+
+
+def test_evol_reward_number_fallback_makes_unboxed_answers_valid(minilm):
+    out = EvolReward(embedder=minilm, number_fallback=True)(batch())
+    assert out.components["valid"][0].tolist() == [True, True, True, True, False, True]
+    assert out.components["majority"][0, 5].item()
+
+
+def test_majority_vote_reward():
+    out = MajorityVoteReward()(batch())
+    assert out.labels == ("7", "12")
+    # answers: 7, 7, 7.0, 8, \pi, 7 (last number) -> majority 7
+    assert out.rewards[0].tolist() == [1.0, 1.0, 1.0, 0.0, 0.0, 1.0]
+    assert out.rewards[1].tolist() == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_verifier_reward_uses_ground_truth():
+    out = VerifierReward()(batch(answer="8"))
+    assert out.labels == ("8", "12")
+    assert out.rewards[0].tolist() == [0.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    assert out.rewards[1].tolist() == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_verifier_reward_with_novelty_bands(minilm):
+    out = VerifierReward(novelty=True, embedder=minilm, valid_rule="digit")(batch(answer="8"))
+    r = out.rewards[0]
+    assert r[3].item() == 1.0  # the lone correct response
+    assert ((r[:3] >= -1.0) & (r[:3] <= -0.5)).all()
+    assert r[4:].tolist() == [-1.0, -1.0]
+
+
+def test_verifier_reward_without_ground_truth_names_the_prompt():
+    with pytest.raises(ValueError, match=r"'sum' \(from unknown source\)"):
+        VerifierReward()(batch())
+
+
+def test_bad_options_are_clear_errors():
+    with pytest.raises(ValueError, match="valid_rule"):
+        MajorityVoteReward(valid_rule="numbers")
+    with pytest.raises(ValueError, match="alpha"):
+        EvolReward(alpha=1.5)
