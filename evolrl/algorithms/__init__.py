@@ -1,0 +1,13 @@
+"""GRPO's math as plain torch functions: log-probs and entropy, advantages, surrogate, KL, aggregation.
+
+No Lightning, no model code: tensors in, tensors out. Token tensors are
+``[N, L]`` with ``N = P * G`` sequences in group-major order.
+"""
+
+from evolrl.algorithms.advantages import group_advantages
+from evolrl.algorithms.aggregation import AGGREGATIONS, aggregate
+from evolrl.algorithms.kl import low_var_kl
+from evolrl.algorithms.logprobs import logprobs_and_entropy
+from evolrl.algorithms.policy_loss import clipped_surrogate
+
+__all__ = ["AGGREGATIONS", "aggregate", "clipped_surrogate", "group_advantages", "logprobs_and_entropy", "low_var_kl"]

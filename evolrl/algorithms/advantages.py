@@ -1,0 +1,22 @@
+"""Group-relative advantages (GRPO)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def group_advantages(rewards: Tensor, scale_by_std: bool = True, eps: float = 1e-6) -> Tensor:
+    """``A = (r - mean) / (std + eps)`` inside each group, ``[P, G] -> [P, G]``.
+
+    ``std`` uses the ``G - 1`` denominator (as verl and the authors do). Equal rewards
+    give ``A = 0``; so does a group of one. ``scale_by_std=False`` is the "Dr. GRPO"
+    variant, ``A = r - mean``.
+    """
+    rewards = rewards.float()
+    centered = rewards - rewards.mean(dim=-1, keepdim=True)
+    if not scale_by_std:
+        return centered
+    if rewards.shape[-1] < 2:
+        return torch.zeros_like(rewards)
+    return centered / (rewards.std(dim=-1, keepdim=True) + eps)

@@ -1,0 +1,111 @@
+"""GRPO math: known answers, and chunked paths against the naive ones."""
+
+import pytest
+import torch
+
+from evolrl.algorithms import aggregate, clipped_surrogate, group_advantages, logprobs_and_entropy, low_var_kl
+
+
+def test_logprobs_and_entropy_match_naive_values_and_gradients():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 11, generator=g, dtype=torch.float64) * 3
+    tokens = torch.randint(0, 11, (3, 5), generator=g)
+    for temperature in (1.0, 0.7):
+        a = logits.clone().requires_grad_(True)
+        logp, ent = logprobs_and_entropy(a, tokens, temperature, chunk_size=4)  # chunks straddle rows
+        b = logits.clone().requires_grad_(True)
+        dist = torch.distributions.Categorical(logits=b / temperature)
+        torch.testing.assert_close(logp, dist.log_prob(tokens).float())
+        torch.testing.assert_close(ent, dist.entropy().float())
+        weights = torch.randn(3, 5, generator=g)
+        (logp * weights + ent * weights.flip(0)).sum().backward()
+        (dist.log_prob(tokens) * weights + dist.entropy() * weights.flip(0)).sum().backward()
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4)  # float32 inside vs float64
+
+
+def test_logprobs_without_grad_and_bf16_logits():
+    logits = torch.randn(2, 3, 7).bfloat16()
+    tokens = torch.zeros(2, 3, dtype=torch.long)
+    with torch.no_grad():
+        logp, ent = logprobs_and_entropy(logits, tokens)
+    assert logp.dtype == torch.float32
+    torch.testing.assert_close(logp, torch.log_softmax(logits.float(), -1)[..., 0])
+    assert (ent <= torch.log(torch.tensor(7.0)) + 1e-5).all()
+
+
+def test_group_advantages():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5]])
+    a = group_advantages(r)
+    std = torch.tensor([1.0, 0.0, 0.0, 1.0]).std()  # N - 1 denominator
+    torch.testing.assert_close(a[0], (r[0] - 0.5) / (std + 1e-6))
+    assert a[1].tolist() == [0.0] * 4  # equal rewards: zero advantage, no NaN
+    assert group_advantages(torch.tensor([[3.0]])).tolist() == [[0.0]]
+    torch.testing.assert_close(group_advantages(r, scale_by_std=False)[0], r[0] - 0.5)
+
+
+def test_surrogate_values_and_clip_masks():
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.1, 5.0]]))
+    old = torch.zeros(1, 4)
+    adv = torch.tensor([[1.0, -1.0, 1.0, -1.0]])
+    loss, masks = clipped_surrogate(logp, old, adv, clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    # ratio 1.5, A>0: clipped to 1.28 -> -1.28 ; ratio 0.5, A<0: max(0.5, 0.8) = 0.8
+    # ratio 1.1 inside -> -1.1 ; ratio 5, A<0: max(5, 1.28) = 5 -> dual clip min(5, 3) = 3
+    torch.testing.assert_close(loss, torch.tensor([[-1.28, 0.8, -1.1, 3.0]]))
+    assert masks["clip_high"].tolist() == [[True, False, False, False]]
+    assert masks["clip_low"].tolist() == [[False, True, False, False]]
+    assert masks["dual_clip"].tolist() == [[False, False, False, True]]
+
+
+def test_clipping_gives_zero_gradient_on_the_clipped_side():
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0, -1.0]])
+    ratios = torch.tensor([[1.5, 1.1, 0.5, 0.9, 5.0]])
+    logp = torch.log(ratios).requires_grad_(True)
+    loss, _ = clipped_surrogate(logp, torch.zeros(1, 5), adv)
+    loss.sum().backward()
+    grad = logp.grad[0]
+    assert grad[0] == 0  # A > 0 above 1 + clip_high
+    assert grad[2] == 0  # A < 0 below 1 - clip_low
+    assert grad[4] == 0  # dual clip
+    assert grad[1] != 0 and grad[3] != 0  # inside the trust region
+    # on the other side of each bound the gradient flows
+    logp2 = torch.log(torch.tensor([[0.5, 1.5]])).requires_grad_(True)
+    clipped_surrogate(logp2, torch.zeros(1, 2), torch.tensor([[1.0, -1.0]]))[0].sum().backward()
+    assert (logp2.grad != 0).all()
+
+
+def test_symmetric_clip_and_no_dual_clip():
+    logp = torch.log(torch.tensor([[1.25, 5.0]]))
+    loss, masks = clipped_surrogate(logp, torch.zeros(1, 2), torch.tensor([[1.0, -1.0]]), 0.2, 0.2, None)
+    torch.testing.assert_close(loss, torch.tensor([[-1.2, 5.0]]))
+    assert "dual_clip" not in masks
+
+
+def test_low_var_kl():
+    logp = torch.tensor([0.0, -1.0, -30.0])
+    ref = torch.tensor([0.0, -2.0, 0.0])
+    d = ref - logp
+    expected = (torch.exp(d) - d - 1).clamp(-10, 10)
+    torch.testing.assert_close(low_var_kl(logp, ref), expected)
+    assert low_var_kl(logp, ref)[0] == 0 and low_var_kl(logp, ref)[2] == 10
+
+
+def test_aggregation_modes():
+    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    assert aggregate(values, mask, "token_mean").item() == pytest.approx(10 / 4)
+    assert aggregate(values, mask, "seq_mean_token_mean").item() == pytest.approx((2 + 4) / 2)
+    with pytest.raises(ValueError, match="token_mean"):
+        aggregate(values, mask, "sum")
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean"])
+def test_aggregation_is_invariant_to_micro_batch_size(mode):
+    g = torch.Generator().manual_seed(1)
+    values = torch.randn(8, 6, generator=g)
+    mask = (torch.rand(8, 6, generator=g) < 0.7).long()
+    mask[:, 0] = 1
+    full = aggregate(values, mask, mode)
+    normalizer = mask.sum().item() if mode == "token_mean" else 8
+    for micro in (1, 2, 3, 8):
+        parts = [aggregate(values[i : i + micro], mask[i : i + micro], mode, normalizer) for i in range(0, 8, micro)]
+        torch.testing.assert_close(sum(parts), full)
