@@ -37,14 +37,18 @@ class ResponseGroup:
     """Decoded responses, ``[V]``."""
     truncated: tuple[bool, ...] | None = None
     """Whether each response hit the token limit, ``[V]``; ``None`` when unknown."""
+    prompt_ids: tuple[int, ...] = ()
+    """The rendered prompt's token ids (empty when the group was built from text only)."""
+    response_ids: tuple[tuple[int, ...], ...] = ()
+    """Sampled token ids per response, ``[V][len]``, ending with the stop token unless truncated."""
 
     def __post_init__(self) -> None:
         if not self.texts:
             raise ValueError(f"prompt {self.prompt.id!r}: a response group needs at least one response")
-        if self.truncated is not None and len(self.truncated) != len(self.texts):
-            raise ValueError(
-                f"prompt {self.prompt.id!r}: {len(self.truncated)} truncation flags for {len(self.texts)} responses"
-            )
+        for name in ("truncated", "response_ids"):
+            value = getattr(self, name)
+            if value and len(value) != len(self.texts):
+                raise ValueError(f"prompt {self.prompt.id!r}: {len(value)} {name} for {len(self.texts)} responses")
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,10 @@ class RolloutBatch:
     """``P`` response groups of equal size ``V``: one training step's rollouts."""
 
     groups: tuple[ResponseGroup, ...]
+    weights_version: int | None = None
+    """Version of the policy weights the responses were sampled with (see ``RolloutEngine.version``)."""
+    trained: torch.Tensor | None = None
+    """``[P, G]`` indices of the responses to train on: a reward-independent subset of the ``V``."""
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -59,6 +67,8 @@ class RolloutBatch:
         sizes = {len(g.texts) for g in self.groups}
         if len(sizes) != 1:
             raise ValueError(f"all response groups must have the same size, got sizes {sorted(sizes)}")
+        if self.trained is not None and (self.trained.dim() != 2 or self.trained.shape[0] != len(self.groups)):
+            raise ValueError(f"trained must be [P, G] with P = {len(self.groups)}, got {tuple(self.trained.shape)}")
 
     @property
     def num_prompts(self) -> int:

@@ -17,7 +17,7 @@ def test_groups_must_have_equal_size():
 
 
 def test_truncation_flags_must_match():
-    with pytest.raises(ValueError, match="prompt 'a': 1 truncation flags for 2 responses"):
+    with pytest.raises(ValueError, match="prompt 'a': 1 truncated for 2 responses"):
         ResponseGroup(Prompt("a", "q"), ("x", "y"), truncated=(True,))
 
 

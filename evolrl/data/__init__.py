@@ -1,0 +1,17 @@
+"""Prompts in, rollout groups out."""
+
+from evolrl.data.chat import PAPER_SYSTEM_PROMPT, render_prompt
+from evolrl.data.datamodule import RolloutDataModule, RolloutRequest
+from evolrl.data.sources import AdditionPrompts, DataError, HubDataset, PromptFile, PromptSource
+
+__all__ = [
+    "PAPER_SYSTEM_PROMPT",
+    "AdditionPrompts",
+    "DataError",
+    "HubDataset",
+    "PromptFile",
+    "PromptSource",
+    "RolloutDataModule",
+    "RolloutRequest",
+    "render_prompt",
+]

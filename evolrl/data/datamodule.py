@@ -1,0 +1,148 @@
+"""The DataModule: label-free prompts in, rollout groups out, never stale.
+
+Lightning fetches batch t+1 before it runs training step t. If that fetch
+sampled the rollouts, step t+1 would train on responses from the weights
+before step t. So a batch here is a :class:`RolloutRequest` (the prompts,
+already tokenized); the module calls ``request.sample()`` inside its training
+step, after the previous step's weights reached the engine. The resulting
+:class:`~evolrl.types.RolloutBatch` records the engine's weights version, which
+the module checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from torch.utils.data import DataLoader
+
+from evolrl.data.chat import PAPER_SYSTEM_PROMPT, render_prompt
+from evolrl.data.sources import DataError, PromptSource
+from evolrl.rollout.engine import RolloutEngine, Sampling
+from evolrl.rollout.vllm_engine import VLLMEngine
+from evolrl.models import load_tokenizer
+from evolrl.types import Prompt, RolloutBatch
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    """A batch of prompts whose responses are sampled only when asked (see module docstring)."""
+
+    prompts: tuple[Prompt, ...]
+    prompt_ids: tuple[tuple[int, ...], ...]
+    sampler: Callable[[RolloutRequest], RolloutBatch]
+
+    def sample(self) -> RolloutBatch:
+        """Generate the response groups now, with the engine's current weights."""
+        return self.sampler(self)
+
+
+class RolloutDataModule(L.LightningDataModule):
+    """Streams prompts and the rollout groups sampled for them.
+
+    Args:
+        train: Where the training prompts come from (``class_path`` of a ``PromptSource``).
+        model: The policy's model string, for the tokenizer (linked to ``model.model`` by the CLI).
+        engine: Rollout engine; default: vLLM.
+        prompts_per_step: P, prompts per training step.
+        vote_samples: V, responses sampled per prompt for the vote and the reward.
+        trained_samples: G, responses per prompt trained on (a random subset of the V, drawn
+            independently of the rewards).
+        temperature: Sampling temperature (also used by the policy loss's log-probs).
+        top_p: Nucleus sampling.
+        top_k: Top-k sampling; -1 for off.
+        max_new_tokens: Longest response.
+        max_prompt_tokens: Longer prompts are dropped (and counted in a warning), never truncated.
+        system_prompt: System message; ``null`` for none.
+        shuffle: Shuffle prompts each epoch.
+        seed: Seed for shuffling, the trained subset, and sampling.
+        trust_remote_code: Allow the tokenizer repository's own code to run.
+    """
+
+    def __init__(
+        self,
+        train: PromptSource,
+        model: str = "",
+        engine: RolloutEngine | None = None,
+        prompts_per_step: int = 8,
+        vote_samples: int = 64,
+        trained_samples: int = 32,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        max_new_tokens: int = 12288,
+        max_prompt_tokens: int = 1024,
+        system_prompt: str | None = PAPER_SYSTEM_PROMPT,
+        shuffle: bool = True,
+        seed: int = 0,
+        trust_remote_code: bool = False,
+    ) -> None:
+        super().__init__()
+        if not 1 <= trained_samples <= vote_samples:
+            raise ValueError(f"trained_samples={trained_samples} must be between 1 and vote_samples={vote_samples}")
+        self.source = train
+        self.model = model
+        self.engine = engine if engine is not None else VLLMEngine()
+        self.prompts_per_step = prompts_per_step
+        self.trained_samples = trained_samples
+        self.sampling = Sampling(vote_samples, temperature, top_p, top_k, max_new_tokens, seed)
+        self.max_prompt_tokens = max_prompt_tokens
+        self.system_prompt = system_prompt
+        self.shuffle = shuffle
+        self.seed = seed
+        self.trust_remote_code = trust_remote_code
+        self.tokenizer = None
+        self.train_items: list[tuple[Prompt, tuple[int, ...]]] = []
+        self.dropped_prompts = 0
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.tokenizer is not None:
+            return
+        if not self.model:
+            raise ValueError("RolloutDataModule needs the policy's model string (data.model, linked to model.model)")
+        self.tokenizer = load_tokenizer(self.model, self.trust_remote_code)
+        self.engine.setup(self.tokenizer)
+        prompts = self.source.load()
+        encoded = [(p, tuple(render_prompt(self.tokenizer, p.question, self.system_prompt))) for p in prompts]
+        self.train_items = [(p, ids) for p, ids in encoded if len(ids) <= self.max_prompt_tokens]
+        self.dropped_prompts = len(encoded) - len(self.train_items)
+        if self.dropped_prompts:
+            rank_zero_warn(
+                f"dropped {self.dropped_prompts} of {len(encoded)} prompts longer than "
+                f"max_prompt_tokens={self.max_prompt_tokens}"
+            )
+        if len(self.train_items) < self.prompts_per_step:
+            raise DataError(
+                f"{len(self.train_items)} usable prompts but prompts_per_step={self.prompts_per_step}: "
+                "add prompts or lower prompts_per_step"
+            )
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(
+            self.train_items,
+            batch_size=self.prompts_per_step,
+            shuffle=self.shuffle,
+            drop_last=True,  # every step has P full groups
+            generator=torch.Generator().manual_seed(self.seed),
+            collate_fn=self._request,
+        )
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        # A request holds token ids as tuples; the module builds its tensors on the device.
+        return batch if isinstance(batch, RolloutRequest) else super().transfer_batch_to_device(batch, device,
+                                                                                                dataloader_idx)
+
+    def _request(self, items: list[tuple[Prompt, tuple[int, ...]]]) -> RolloutRequest:
+        return RolloutRequest(tuple(p for p, _ in items), tuple(ids for _, ids in items), self._sample)
+
+    def _sample(self, request: RolloutRequest) -> RolloutBatch:
+        groups = self.engine.generate(request.prompts, request.prompt_ids, self.sampling)
+        version = self.engine.version
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + version)
+        trained = torch.stack(
+            [torch.randperm(self.sampling.n, generator=g)[: self.trained_samples] for _ in groups]
+        )  # [P, G]
+        return RolloutBatch(tuple(groups), weights_version=version, trained=trained)

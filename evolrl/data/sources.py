@@ -1,0 +1,221 @@
+"""Where prompts come from. Each source is a small class, selected in a config by ``class_path``.
+
+* :class:`PromptFile`: a local JSON array, JSONL or parquet file;
+* :class:`HubDataset`: a Hugging Face dataset by name (needs the ``datasets`` package);
+* :class:`AdditionPrompts`: single-digit additions the project generates itself (the demo task).
+
+Rows become :class:`~evolrl.types.Prompt` s. A row's question is the ``prompt`` field, which may be
+a string or a chat (a list of ``{role, content}``; the last user turn is the question). The ground
+truth, when present (``answer`` or ``reward_model.ground_truth``), travels with the prompt for
+metrics only. Bad rows raise :class:`DataError` naming the file, row and field; nothing is dropped
+silently.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from evolrl.types import Prompt
+
+QUESTION_FIELDS = ("prompt", "problem", "question")
+ANSWER_FIELDS = ("answer", "reward_model.ground_truth", "ground_truth")
+
+
+class DataError(ValueError):
+    """A data source or one of its rows cannot be used."""
+
+
+class PromptSource(ABC):
+    """Produces the list of prompts to train or evaluate on."""
+
+    @abstractmethod
+    def load(self) -> list[Prompt]:
+        """All prompts, in a stable order."""
+
+
+def _field(row: Mapping[str, Any], dotted: str) -> Any:
+    value: Any = row
+    for key in dotted.split("."):
+        if not isinstance(value, Mapping) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def _question(value: Any) -> Any:
+    """A chat's last user message, or the value itself."""
+    if isinstance(value, (list, tuple)) or (hasattr(value, "tolist") and not isinstance(value, str)):
+        turns = [t for t in list(value) if isinstance(t, Mapping) and t.get("role") == "user"]
+        return turns[-1].get("content") if turns else None
+    return value
+
+
+def rows_to_prompts(
+    rows: Iterable[Mapping[str, Any]],
+    where: str,
+    question_field: str | None = None,
+    answer_field: str | None = None,
+    id_field: str = "id",
+) -> list[Prompt]:
+    """Validate rows and build prompts; ``where`` names the source in error messages."""
+    prompts, seen = [], {}
+    for index, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise DataError(f"{where}, row {index}: expected an object with a prompt field, got {type(row).__name__}")
+        names = (question_field,) if question_field else QUESTION_FIELDS
+        field = next((f for f in names if _field(row, f) is not None), None)
+        if field is None:
+            raise DataError(
+                f"{where}, row {index}: no prompt field (looked for {', '.join(names)}); "
+                "set question_field to the field that holds the question"
+            )
+        question = _question(_field(row, field))
+        if not isinstance(question, str) or not question.strip():
+            raise DataError(f"{where}, row {index}: field {field!r} holds no question text (got {question!r})")
+        answers = (answer_field,) if answer_field else ANSWER_FIELDS
+        answer = next((_field(row, f) for f in answers if _field(row, f) is not None), None)
+        raw_id = _field(row, id_field)
+        prompt_id = str(raw_id) if raw_id is not None else str(index)
+        if prompt_id in seen:
+            raise DataError(
+                f"{where}, row {index}: id {prompt_id!r} already used by row {seen[prompt_id]}; ids must be unique"
+            )
+        seen[prompt_id] = index
+        prompts.append(Prompt(prompt_id, question, None if answer is None else str(answer), where))
+    if not prompts:
+        raise DataError(f"{where}: no rows")
+    return prompts
+
+
+class PromptFile(PromptSource):
+    """A local ``.json`` (array of objects), ``.jsonl`` or ``.parquet`` file.
+
+    Args:
+        path: The file.
+        question_field: Field holding the question (dotted for nested); default: first of
+            ``prompt``, ``problem``, ``question``.
+        answer_field: Field holding the ground truth; default: ``answer`` or ``reward_model.ground_truth``.
+        id_field: Field holding a unique id; rows without it are numbered.
+        limit: Keep only the first ``limit`` rows.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        question_field: str | None = None,
+        answer_field: str | None = None,
+        id_field: str = "id",
+        limit: int | None = None,
+    ) -> None:
+        self.path = path
+        self.question_field = question_field
+        self.answer_field = answer_field
+        self.id_field = id_field
+        self.limit = limit
+
+    def _rows(self) -> list[Any]:
+        path = Path(self.path).expanduser()
+        if not path.is_file():
+            raise DataError(f"data file {self.path!r} does not exist")
+        suffix = path.suffix.lower()
+        try:
+            if suffix == ".json":
+                rows = json.loads(path.read_text())
+                if not isinstance(rows, list):
+                    raise DataError(f"{self.path}: expected a JSON array of objects, got {type(rows).__name__}")
+                return rows
+            if suffix == ".jsonl":
+                rows = []
+                for number, line in enumerate(path.read_text().splitlines(), start=1):
+                    if line.strip():
+                        try:
+                            rows.append(json.loads(line))
+                        except json.JSONDecodeError as err:
+                            raise DataError(f"{self.path}, line {number}: not valid JSON ({err.msg})") from err
+                return rows
+            if suffix == ".parquet":
+                import pyarrow.parquet as pq
+
+                return pq.read_table(path).to_pylist()
+        except json.JSONDecodeError as err:
+            raise DataError(f"{self.path}: not valid JSON ({err.msg} at line {err.lineno})") from err
+        except OSError as err:
+            raise DataError(f"{self.path}: cannot read ({err})") from err
+        raise DataError(f"{self.path}: unsupported file type {suffix!r}; use .json, .jsonl or .parquet")
+
+    def load(self) -> list[Prompt]:
+        rows = self._rows()[: self.limit]
+        return rows_to_prompts(rows, self.path, self.question_field, self.answer_field, self.id_field)
+
+
+class HubDataset(PromptSource):
+    """A Hugging Face dataset by name (e.g. ``HuggingFaceH4/MATH-500``).
+
+    Args:
+        name: Dataset name on the Hub (or a local dataset script/directory).
+        split: Split to load.
+        subset: Dataset configuration name, if any.
+        question_field, answer_field, id_field, limit: As for :class:`PromptFile`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        split: str = "train",
+        subset: str | None = None,
+        question_field: str | None = None,
+        answer_field: str | None = None,
+        id_field: str = "id",
+        limit: int | None = None,
+    ) -> None:
+        self.name = name
+        self.split = split
+        self.subset = subset
+        self.question_field = question_field
+        self.answer_field = answer_field
+        self.id_field = id_field
+        self.limit = limit
+
+    def load(self) -> list[Prompt]:
+        try:
+            import datasets
+        except ImportError as err:
+            raise DataError(f"loading {self.name!r} from the Hub needs `pip install datasets`") from err
+        try:
+            table = datasets.load_dataset(self.name, self.subset, split=self.split)
+        except Exception as err:
+            raise DataError(f"could not load dataset {self.name!r} (split {self.split!r}): {err}") from err
+        rows = table.select(range(min(self.limit, len(table)))) if self.limit else table
+        where = f"{self.name}[{self.split}]"
+        return rows_to_prompts(rows, where, self.question_field, self.answer_field, self.id_field)
+
+
+class AdditionPrompts(PromptSource):
+    """``count`` additions of two numbers in ``[0, max_operand]``, generated from ``seed``.
+
+    The demo task: SmolLM2-135M solves single-digit sums about half the time, so majority
+    voting has something to work with.
+    """
+
+    def __init__(
+        self, count: int = 64, max_operand: int = 9, seed: int = 0, instruction: str = "",
+    ) -> None:
+        self.count = count
+        self.max_operand = max_operand
+        self.seed = seed
+        self.instruction = instruction
+        """Appended to each question, e.g. "Put your final answer within \\boxed{}."."""
+
+    def load(self) -> list[Prompt]:
+        rng = random.Random(self.seed)
+        prompts = []
+        for i in range(self.count):
+            a, b = rng.randint(0, self.max_operand), rng.randint(0, self.max_operand)
+            question = f"What is {a} + {b}? {self.instruction}".strip()
+            prompts.append(Prompt(f"add-{i}", question, str(a + b), "addition"))
+        return prompts

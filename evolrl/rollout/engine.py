@@ -1,0 +1,103 @@
+"""The rollout-engine interface: sample response groups, take new weights.
+
+An engine is colocated with training: after every training step the module
+hands it the updated policy (``load_weights``), and ``version`` counts those
+hand-overs so that stale rollouts can be detected.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from evolrl.types import Prompt, ResponseGroup
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How responses are sampled."""
+
+    n: int = 64
+    """Responses per prompt (the vote samples V)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    """-1 turns top-k off."""
+    max_new_tokens: int = 12288
+    seed: int = 0
+
+
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "</s>")
+
+
+def stop_token_ids(tokenizer: PreTrainedTokenizerBase, eos_token_id: int | list[int] | None = None) -> list[int]:
+    """Every end-of-turn token the tokenizer defines (e.g. both ``<|im_end|>`` and ``<|endoftext|>``)."""
+    ids = set()
+    for value in (tokenizer.eos_token_id, eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(value)
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[token] for token in END_OF_TURN_TOKENS if token in vocab)
+    return sorted(ids)
+
+
+def build_group(
+    prompt: Prompt,
+    prompt_ids: Sequence[int],
+    responses: Sequence[Sequence[int]],
+    stops: Sequence[int],
+    max_new_tokens: int,
+    tokenizer: PreTrainedTokenizerBase,
+) -> ResponseGroup:
+    """A :class:`ResponseGroup` from sampled ids: cut after the first stop token, decode, flag truncation."""
+    cut = []
+    for ids in responses:
+        ids = list(ids)
+        end = next((i for i, t in enumerate(ids) if t in stops), None)
+        cut.append(tuple(ids if end is None else ids[: end + 1]))
+    return ResponseGroup(
+        prompt=prompt,
+        texts=tuple(tokenizer.batch_decode(cut, skip_special_tokens=True)),
+        truncated=tuple(not ids or (ids[-1] not in stops and len(ids) >= max_new_tokens) for ids in cut),
+        prompt_ids=tuple(prompt_ids),
+        response_ids=tuple(cut),
+    )
+
+
+class RolloutEngine(ABC):
+    """Samples response groups with the latest policy weights."""
+
+    def __init__(self) -> None:
+        self.version = -1
+        """Number of weight hand-overs minus one: -1 before the first ``load_weights``."""
+        self.tokenizer: PreTrainedTokenizerBase | None = None
+
+    def setup(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        """Called once by the data module with the policy's tokenizer."""
+        self.tokenizer = tokenizer
+
+    @abstractmethod
+    def generate(
+        self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]], sampling: Sampling
+    ) -> list[ResponseGroup]:
+        """``sampling.n`` responses for each prompt, in prompt order."""
+
+    @abstractmethod
+    def _load(self, policy: nn.Module) -> None:
+        """Make the engine sample from ``policy``'s current weights."""
+
+    def load_weights(self, policy: nn.Module) -> None:
+        """Hand the engine the policy's current weights (no files written)."""
+        self._load(policy)
+        self.version += 1
+
+    def stops(self, policy_eos: int | list[int] | None = None) -> list[int]:
+        if self.tokenizer is None:
+            raise RuntimeError(f"{type(self).__name__}.setup(tokenizer) was not called")
+        return stop_token_ids(self.tokenizer, policy_eos)

@@ -1,0 +1,237 @@
+"""The LightningModule: one EVOL-RL / GRPO training step, top to bottom.
+
+Non-obvious decisions:
+
+* Manual optimization. One training step = one rollout batch, split into
+  mini-batches (one optimizer step each, in order, one PPO epoch) and micro-batches
+  (gradient accumulation). The loss normalizer is fixed per mini-batch before the
+  micro-batch loop, so the micro-batch size does not change the math.
+* ``old_logprobs`` are recomputed with the policy before the update, not taken from
+  the sampler (vLLM's bf16 kernels differ from the trainer's numerics).
+* A reference model exists only when ``kl_coef > 0``.
+* Rollouts are sampled inside ``training_step`` (``RolloutRequest.sample``), after the
+  previous step's weights reached the engine; their weights version is checked.
+* A step whose gradient norm is not finite is skipped and counted, never applied.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import lightning as L
+import torch
+
+from evolrl.algorithms import aggregate, clipped_surrogate, group_advantages, logprobs_and_entropy, low_var_kl
+from evolrl.data.datamodule import RolloutRequest
+from evolrl.metrics.diagnostics import label_free_diagnostics
+from evolrl.models import load_policy
+from evolrl.rewards import EvolReward, Reward
+from evolrl.training.optim import Optimization, build_optimizer
+from evolrl.training.sequences import Sequences, pack
+
+
+@dataclass
+class GRPOLoss:
+    """Policy-loss settings (EVOL-RL defaults; TTRL uses ``clip_high=0.2, entropy_coef=0``)."""
+
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float | None = 3.0
+    """Cap on the loss of a negative-advantage token, ``-A * dual_clip``; ``null`` turns it off."""
+    kl_coef: float = 0.001
+    """Weight of the low-variance KL to the initial policy; 0 drops the reference model."""
+    entropy_coef: float = 0.003
+    aggregation: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
+    scale_by_std: bool = True
+    """Divide advantages by the group's std (GRPO); ``false`` is Dr. GRPO."""
+
+
+class EvolRLModule(L.LightningModule):
+    """GRPO on a Hugging Face causal LM with a pluggable reward.
+
+    Args:
+        model: Hub name, local directory, ``.gguf`` file or ``pkg://package/file`` (see ``evolrl.models``).
+        reward: Reward class; default ``EvolReward`` with the packaged MiniLM embedder.
+        loss: Policy-loss settings.
+        optim: Optimizer and schedule settings.
+        mini_batch_size: Sequences per optimizer step (paper: 32, one prompt's G).
+        micro_batch_size: Sequences per forward/backward pass.
+        temperature: Sampling temperature, so log-probs are those of the sampling policy
+            (linked to ``data.temperature`` by the CLI).
+        dtype: Policy weights dtype when loaded (use ``trainer.precision`` for mixed precision).
+        gradient_checkpointing: Trade compute for activation memory.
+        logprob_chunk_size: Tokens per chunk in the log-prob/entropy computation.
+        trust_remote_code: Allow the model repository's own code to run.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        reward: Reward | None = None,
+        loss: GRPOLoss = GRPOLoss(),  # noqa: B008 (frozen-in-spirit config; jsonargparse expands its fields)
+        optim: Optimization = Optimization(),  # noqa: B008
+        mini_batch_size: int = 32,
+        micro_batch_size: int = 2,
+        temperature: float = 1.0,
+        dtype: str = "float32",
+        gradient_checkpointing: bool = False,
+        logprob_chunk_size: int = 1024,
+        trust_remote_code: bool = False,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["reward"])
+        self.automatic_optimization = False
+        self.model_name = model
+        self.reward = reward if reward is not None else EvolReward()
+        self.loss_cfg = loss
+        self.optim_cfg = optim
+        self.mini_batch_size = mini_batch_size
+        self.micro_batch_size = micro_batch_size
+        self.temperature = temperature
+        self.dtype_name = dtype
+        self.gradient_checkpointing = gradient_checkpointing
+        self.logprob_chunk_size = logprob_chunk_size
+        self.trust_remote_code = trust_remote_code
+        self.policy = None
+        self.__dict__["reference"] = None  # see configure_model
+        self.weights_pushed = 0
+        self.skipped_steps = 0
+
+    # ---- set-up -------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        if self.policy is not None:
+            return
+        self.policy = load_policy(self.model_name, self.dtype_name, self.trust_remote_code).train()
+        if self.gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if self.loss_cfg.kl_coef > 0:
+            # Kept out of the module tree: frozen, in eval mode, and not part of checkpoints.
+            self.__dict__["reference"] = copy.deepcopy(self.policy).eval().requires_grad_(False)
+
+    def configure_optimizers(self):
+        total = self._total_optimizer_steps()
+        optimizer, scheduler = build_optimizer(list(self.policy.parameters()), self.optim_cfg, total)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _total_optimizer_steps(self) -> int:
+        if self.trainer.max_steps and self.trainer.max_steps > 0:
+            return self.trainer.max_steps
+        data = self.trainer.datamodule
+        per_step = -(-data.prompts_per_step * data.trained_samples // self.mini_batch_size)
+        return max(1, int(self.trainer.estimated_stepping_batches) * per_step)
+
+    @property
+    def engine(self):
+        return self.trainer.datamodule.engine
+
+    def push_weights(self) -> None:
+        """Hand the current weights to the rollout engine (version ``weights_pushed``)."""
+        self.engine.load_weights(self.policy)
+        self.weights_pushed += 1
+
+    def on_fit_start(self) -> None:
+        if self.reference is not None:
+            self.reference.to(self.device)
+        self.push_weights()
+
+
+    # ---- one training step --------------------------------------------------------------
+    def training_step(self, request: RolloutRequest, batch_idx: int) -> dict:
+        t0 = time.perf_counter()
+        rollouts = request.sample()
+        if rollouts.weights_version != self.weights_pushed - 1:
+            raise RuntimeError(
+                f"stale rollouts: sampled with weights version {rollouts.weights_version}, "
+                f"but the policy is at version {self.weights_pushed - 1}"
+            )
+        t1 = time.perf_counter()
+        scored = self.reward(rollouts)  # [P, V]
+        t2 = time.perf_counter()
+        rewards = scored.rewards.gather(1, rollouts.trained)  # [P, G]
+        advantages = group_advantages(rewards, self.loss_cfg.scale_by_std)  # [P, G]
+        seqs = pack(rollouts, advantages, self.trainer.datamodule.tokenizer.pad_token_id).to(self.device)
+        old_logp, ref_logp = self._reference_logprobs(seqs)
+        stats = self._update(seqs, old_logp, ref_logp)
+        self.push_weights()
+        t3 = time.perf_counter()
+
+        lengths = seqs.response_mask.sum(-1).float()
+        stats |= {
+            "advantage_abs": advantages.abs().mean().item(),
+            "response_length": lengths.mean().item(),
+            "response_length_max": lengths.max().item(),
+            "lr": self.lr_schedulers().get_last_lr()[0],
+            "skipped_steps": float(self.skipped_steps),
+        }
+        stats |= label_free_diagnostics(scored, [p.answer for p in rollouts.prompts], rollouts.truncated())
+        timing = {"step": t3 - t0, "sample": t1 - t0, "reward": t2 - t1, "update": t3 - t2}
+        self.log_dict({f"train/{k}": v for k, v in stats.items()}, on_step=True, batch_size=len(seqs))
+        self.log_dict({f"time/{k}": v for k, v in timing.items()}, on_step=True, batch_size=len(seqs))
+        bar = {"reward": stats["reward_mean"], "entropy": stats["entropy"], "len": stats["response_length"],
+               "step_s": timing["step"]}
+        self.log_dict(bar, prog_bar=True, logger=False, on_step=True, batch_size=len(seqs))
+        return {"rollouts": rollouts, "rewards": scored, "stats": stats}
+
+    def _forward(self, model, seqs: Sequences) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = model(input_ids=seqs.input_ids, attention_mask=seqs.attention_mask, use_cache=False).logits
+        return logprobs_and_entropy(logits[:, :-1], seqs.input_ids[:, 1:], self.temperature, self.logprob_chunk_size)
+
+    @torch.no_grad()
+    def _reference_logprobs(self, seqs: Sequences) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """Per micro-batch log-probs of the policy before the update, and of the reference model."""
+        old, ref = [], [] if self.reference is not None else None
+        for start in range(0, len(seqs), self.micro_batch_size):
+            part = seqs.slice(start, start + self.micro_batch_size)
+            old.append(self._forward(self.policy, part)[0])
+            if ref is not None:
+                ref.append(self._forward(self.reference, part)[0])
+        return old, ref
+
+    def _update(self, seqs: Sequences, old_logp, ref_logp) -> dict[str, float]:
+        cfg = self.loss_cfg
+        opt, sched = self.optimizers(), self.lr_schedulers()
+        sums: dict[str, float] = {}
+        minibatches = 0
+        for mb_start in range(0, len(seqs), self.mini_batch_size):
+            mb_stop = min(mb_start + self.mini_batch_size, len(seqs))
+            mask = seqs.response_mask[mb_start:mb_stop]
+            # Fixed before the micro-batch loop: accumulation does not change the loss.
+            normalizer = float(mask.sum()) if cfg.aggregation == "token_mean" else float(mb_stop - mb_start)
+            parts: dict[str, float] = {}
+            for start in range(mb_start, mb_stop, self.micro_batch_size):
+                stop = min(start + self.micro_batch_size, mb_stop)
+                part = seqs.slice(start, stop)
+                index = start // self.micro_batch_size
+                logp, entropy = self._forward(self.policy, part)
+                pg, clips = clipped_surrogate(logp, old_logp[index], part.advantages[:, None],
+                                              cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+                m = part.response_mask
+
+                def agg(values):
+                    return aggregate(values, m, cfg.aggregation, normalizer)
+
+                terms = {"pg_loss": agg(pg), "entropy": agg(entropy)}
+                loss = terms["pg_loss"] - cfg.entropy_coef * terms["entropy"]
+                if ref_logp is not None:
+                    terms["kl"] = agg(low_var_kl(logp, ref_logp[index]))
+                    loss = loss + cfg.kl_coef * terms["kl"]
+                self.manual_backward(loss)
+                terms["loss"] = loss
+                terms |= {f"{name}_frac": agg(flag.float()) for name, flag in clips.items()}
+                for name, value in terms.items():
+                    parts[name] = parts.get(name, 0.0) + float(value.detach())
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.optim_cfg.max_grad_norm)
+            if torch.isfinite(grad_norm):
+                opt.step()
+                sched.step()
+            else:
+                self.skipped_steps += 1
+            opt.zero_grad()
+            parts["grad_norm"] = float(grad_norm)
+            for name, value in parts.items():
+                sums[name] = sums.get(name, 0.0) + value
+            minibatches += 1
+        return {name: value / minibatches for name, value in sums.items()}

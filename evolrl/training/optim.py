@@ -1,0 +1,45 @@
+"""AdamW with linear warmup and cosine decay, stepped once per optimizer step."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Optimization:
+    """Optimizer settings (paper defaults)."""
+
+    lr: float = 5e-7
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.03
+    """Fraction of all optimizer steps spent warming up linearly."""
+    min_lr_ratio: float = 0.0
+    """Cosine decays to ``lr * min_lr_ratio``."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clip; a step whose norm is not finite is skipped."""
+
+
+def warmup_cosine(step: int, total: int, warmup_ratio: float, min_lr_ratio: float = 0.0) -> float:
+    """LR multiplier at optimizer step ``step`` (0-based) of ``total``.
+
+    Warmup is linear from ``1 / warmup`` (not 0: the first step already learns) to 1 over
+    ``warmup = ceil(warmup_ratio * total)`` steps, then cosine down to ``min_lr_ratio``.
+    """
+    warmup = math.ceil(warmup_ratio * total)
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_optimizer(params: list[nn.Parameter], cfg: Optimization, total_steps: int):
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warmup_cosine(step, total_steps, cfg.warmup_ratio, cfg.min_lr_ratio)
+    )
+    return optimizer, scheduler
