@@ -41,11 +41,14 @@ class ResponseGroup:
     """The rendered prompt's token ids (empty when the group was built from text only)."""
     response_ids: tuple[tuple[int, ...], ...] = ()
     """Sampled token ids per response, ``[V][len]``, ending with the stop token unless truncated."""
+    sampler_logprobs: tuple[tuple[float, ...], ...] = ()
+    """The sampler's log-prob of each sampled token, ``[V][len]``, when the engine reports it (diagnostics
+    only: the update recomputes log-probs with the policy)."""
 
     def __post_init__(self) -> None:
         if not self.texts:
             raise ValueError(f"prompt {self.prompt.id!r}: a response group needs at least one response")
-        for name in ("truncated", "response_ids"):
+        for name in ("truncated", "response_ids", "sampler_logprobs"):
             value = getattr(self, name)
             if value and len(value) != len(self.texts):
                 raise ValueError(f"prompt {self.prompt.id!r}: {len(value)} {name} for {len(self.texts)} responses")

@@ -41,7 +41,7 @@ def make_tiny_model(directory: Path, seed: int = 0) -> Path:
     tokenizer.save_pretrained(directory)
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
         tie_word_embeddings=False,

@@ -54,6 +54,7 @@ def build_group(
     stops: Sequence[int],
     max_new_tokens: int,
     tokenizer: PreTrainedTokenizerBase,
+    logprobs: Sequence[Sequence[float]] | None = None,
 ) -> ResponseGroup:
     """A :class:`ResponseGroup` from sampled ids: cut after the first stop token, decode, flag truncation."""
     cut = []
@@ -61,12 +62,14 @@ def build_group(
         ids = list(ids)
         end = next((i for i, t in enumerate(ids) if t in stops), None)
         cut.append(tuple(ids if end is None else ids[: end + 1]))
+    kept_logprobs = tuple(tuple(lp[: len(ids)]) for lp, ids in zip(logprobs, cut)) if logprobs else ()
     return ResponseGroup(
         prompt=prompt,
         texts=tuple(tokenizer.batch_decode(cut, skip_special_tokens=True)),
         truncated=tuple(not ids or (ids[-1] not in stops and len(ids) >= max_new_tokens) for ids in cut),
         prompt_ids=tuple(prompt_ids),
         response_ids=tuple(cut),
+        sampler_logprobs=kept_logprobs,
     )
 
 

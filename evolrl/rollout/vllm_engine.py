@@ -124,11 +124,15 @@ class VLLMEngine(RolloutEngine):
             stop_token_ids=stops,
             seed=sampling.seed + self._calls,
             detokenize=False,
+            logprobs=0,  # the sampled token's log-prob, for diagnostics and the weight-sync test
         )
         self._calls += 1
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids], params,
                                     use_tqdm=False)
         return [
-            build_group(prompt, ids, [o.token_ids for o in out.outputs], stops, sampling.max_new_tokens, self.tokenizer)
+            build_group(
+                prompt, ids, [o.token_ids for o in out.outputs], stops, sampling.max_new_tokens, self.tokenizer,
+                [[step[token].logprob for step, token in zip(o.logprobs, o.token_ids)] for o in out.outputs],
+            )
             for prompt, ids, out in zip(prompts, prompt_ids, outputs)
         ]
