@@ -1,0 +1,112 @@
+"""Prompt sources and the DataModule's handling of prompts, on the real data files and bad ones."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from evolrl.data import AdditionPrompts, DataError, HubDataset, PromptFile, RolloutDataModule
+from evolrl.rollout import HFEngine
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not beside this checkout")
+
+
+@needs_shared
+@pytest.mark.parametrize(("name", "rows"), [("math500.json", 500), ("aime24.json", 30), ("gpqa_diamond.json", 198)])
+def test_json_eval_sets(name, rows):
+    prompts = PromptFile(str(SHARED / name)).load()
+    assert len(prompts) == rows
+    assert all(p.question.strip() and p.answer is not None for p in prompts)
+    assert len({p.id for p in prompts}) == rows
+
+
+@needs_shared
+def test_verl_parquet_takes_the_user_turn_and_ground_truth():
+    prompts = PromptFile(str(SHARED / "math_train.parquet"), id_field="extra_info.index", limit=50).load()
+    assert len(prompts) == 50
+    first = prompts[0]
+    assert first.question.startswith("Let \\[f(x)")  # the user turn, not the system message
+    assert first.answer == "0"
+    assert first.id == "MATH-TTT-0"
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_jsonl_and_field_options(tmp_path):
+    path = write(tmp_path, "p.jsonl", '{"q": {"text": "What is 1+1?"}, "sol": 2}\n\n{"q": {"text": "2+2?"}, "sol": 4}\n')
+    prompts = PromptFile(path, question_field="q.text", answer_field="sol").load()
+    assert [(p.id, p.question, p.answer) for p in prompts] == [("0", "What is 1+1?", "2"), ("1", "2+2?", "4")]
+
+
+def test_rows_without_answers_are_label_free(tmp_path):
+    prompts = PromptFile(write(tmp_path, "p.json", json.dumps([{"problem": "Find x."}]))).load()
+    assert prompts[0].answer is None
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("missing.json", None, "does not exist"),
+        ("bad.json", '[{"prompt": "a"', "not valid JSON"),
+        ("obj.json", '{"prompt": "a"}', "expected a JSON array"),
+        ("bad.jsonl", '{"prompt": "a"}\n{oops}\n', "line 2: not valid JSON"),
+        ("noprompt.json", '[{"prompt": "a"}, {"text": "b"}]', "row 1: no prompt field"),
+        ("empty.json", '[{"prompt": "  "}]', "row 0: field 'prompt' holds no question text"),
+        ("dup.json", '[{"prompt": "a", "id": 7}, {"prompt": "b", "id": 7}]', "row 1: id '7' already used by row 0"),
+        ("none.json", "[]", "no rows"),
+        ("p.csv", "prompt\na\n", "unsupported file type '.csv'"),
+    ],
+)
+def test_bad_files_name_the_file_row_and_field(tmp_path, name, text, message):
+    path = str(tmp_path / name) if text is None else write(tmp_path, name, text)
+    with pytest.raises(DataError, match=message) as err:
+        PromptFile(path).load()
+    assert name in str(err.value)
+
+
+def test_hub_dataset_loader_reads_a_local_dataset_folder(tmp_path):
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text('{"problem": "What is 2+3?", "answer": "5", "id": "a"}\n')
+    prompts = HubDataset(str(folder), split="train").load()
+    assert [(p.id, p.question, p.answer) for p in prompts] == [("a", "What is 2+3?", "5")]
+
+
+def test_addition_prompts_are_deterministic():
+    a, b = AdditionPrompts(count=5, seed=3).load(), AdditionPrompts(count=5, seed=3).load()
+    assert a == b
+    for p in a:
+        x, y = (int(t) for t in p.question.removeprefix("What is ").removesuffix("?").split(" + "))
+        assert p.answer == str(x + y)
+
+
+def test_long_prompts_are_dropped_and_counted(tmp_path, tiny_model):
+    rows = [{"prompt": "What is 1 + 1?"}] * 3 + [{"prompt": "very long " * 200}]
+    rows = [dict(r, id=str(i)) for i, r in enumerate(rows)]
+    data = RolloutDataModule(PromptFile(write(tmp_path, "p.json", json.dumps(rows))), model=tiny_model,
+                             engine=HFEngine(), prompts_per_step=2, vote_samples=2, trained_samples=2,
+                             max_prompt_tokens=64, system_prompt=None)
+    with pytest.warns(UserWarning, match="dropped 1 of 4 prompts longer than max_prompt_tokens=64"):
+        data.setup("fit")
+    assert [p.id for p, _ in data.train_items] == ["0", "1", "2"]
+    assert all(len(ids) <= 64 for _, ids in data.train_items)
+
+
+def test_too_few_prompts_for_a_step_is_a_clear_error(tiny_model):
+    data = RolloutDataModule(AdditionPrompts(count=3), model=tiny_model, engine=HFEngine(), prompts_per_step=4,
+                             vote_samples=2, trained_samples=2)
+    with pytest.raises(DataError, match="3 usable prompts but prompts_per_step=4"):
+        data.setup("fit")
+
+
+def test_model_path_that_does_not_exist(tmp_path):
+    data = RolloutDataModule(AdditionPrompts(), model=str(tmp_path / "nope"), engine=HFEngine())
+    with pytest.raises(FileNotFoundError, match="not a Hugging Face model directory"):
+        data.setup("fit")
