@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from jsonargparse import set_parsing_settings
 from lightning.pytorch.cli import LightningCLI
 
 from evolrl.data.datamodule import RolloutDataModule
@@ -24,6 +25,7 @@ class EvolRLCLI(LightningCLI):
 
 def main(args: list[str] | None = None) -> EvolRLCLI:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)  # dataclass field docs in --help
     return EvolRLCLI(
         EvolRLModule,
         RolloutDataModule,

@@ -38,13 +38,17 @@ class GRPOLoss:
     """Policy-loss settings (EVOL-RL defaults; TTRL uses ``clip_high=0.2, entropy_coef=0``)."""
 
     clip_low: float = 0.2
+    """Lower clip range: the ratio is clipped at ``1 - clip_low``."""
     clip_high: float = 0.28
+    """Upper clip range, ``1 + clip_high`` (EVOL-RL's asymmetric clip; TTRL 0.2)."""
     dual_clip: float | None = 3.0
     """Cap on the loss of a negative-advantage token, ``-A * dual_clip``; ``null`` turns it off."""
     kl_coef: float = 0.001
     """Weight of the low-variance KL to the initial policy; 0 drops the reference model."""
     entropy_coef: float = 0.003
+    """Weight of the entropy bonus (EVOL-RL 0.003; TTRL 0)."""
     aggregation: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
+    """``token_mean`` over the mini-batch's response tokens, or the paper's per-sequence mean."""
     scale_by_std: bool = True
     """Divide advantages by the group's std (GRPO); ``false`` is Dr. GRPO."""
 
@@ -179,12 +183,21 @@ class EvolRLModule(L.LightningModule):
         logits = model(input_ids=seqs.input_ids, attention_mask=seqs.attention_mask, use_cache=False).logits
         return logprobs_and_entropy(logits[:, :-1], seqs.input_ids[:, 1:], self.temperature, self.logprob_chunk_size)
 
+    def _plan(self, n: int) -> list[list[tuple[int, int]]]:
+        """Row ranges of each micro-batch, grouped by mini-batch (one optimizer step each)."""
+        return [
+            [(start, min(start + self.micro_batch_size, mb_stop)) for start in range(mb_start, mb_stop,
+                                                                                  self.micro_batch_size)]
+            for mb_start in range(0, n, self.mini_batch_size)
+            for mb_stop in [min(mb_start + self.mini_batch_size, n)]
+        ]
+
     @torch.no_grad()
     def _reference_logprobs(self, seqs: Sequences) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        """Per micro-batch log-probs of the policy before the update, and of the reference model."""
+        """Per micro-batch (in :meth:`_plan` order) log-probs of the policy before the update and of the reference."""
         old, ref = [], [] if self.reference is not None else None
-        for start in range(0, len(seqs), self.micro_batch_size):
-            part = seqs.slice(start, start + self.micro_batch_size)
+        for start, stop in (r for mini in self._plan(len(seqs)) for r in mini):
+            part = seqs.slice(start, stop)
             old.append(self._forward(self.policy, part)[0])
             if ref is not None:
                 ref.append(self._forward(self.reference, part)[0])
@@ -194,17 +207,17 @@ class EvolRLModule(L.LightningModule):
         cfg = self.loss_cfg
         opt, sched = self.optimizers(), self.lr_schedulers()
         sums: dict[str, float] = {}
-        minibatches = 0
-        for mb_start in range(0, len(seqs), self.mini_batch_size):
-            mb_stop = min(mb_start + self.mini_batch_size, len(seqs))
+        plan = self._plan(len(seqs))
+        index = -1  # position in the flattened plan, matching old_logp / ref_logp
+        for micro in plan:
+            mb_start, mb_stop = micro[0][0], micro[-1][1]
             mask = seqs.response_mask[mb_start:mb_stop]
             # Fixed before the micro-batch loop: accumulation does not change the loss.
             normalizer = float(mask.sum()) if cfg.aggregation == "token_mean" else float(mb_stop - mb_start)
             parts: dict[str, float] = {}
-            for start in range(mb_start, mb_stop, self.micro_batch_size):
-                stop = min(start + self.micro_batch_size, mb_stop)
+            for start, stop in micro:
+                index += 1
                 part = seqs.slice(start, stop)
-                index = start // self.micro_batch_size
                 logp, entropy = self._forward(self.policy, part)
                 pg, clips = clipped_surrogate(logp, old_logp[index], part.advantages[:, None],
                                               cfg.clip_low, cfg.clip_high, cfg.dual_clip)
@@ -233,5 +246,4 @@ class EvolRLModule(L.LightningModule):
             parts["grad_norm"] = float(grad_norm)
             for name, value in parts.items():
                 sums[name] = sums.get(name, 0.0) + value
-            minibatches += 1
-        return {name: value / minibatches for name, value in sums.items()}
+        return {name: value / len(plan) for name, value in sums.items()}

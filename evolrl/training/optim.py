@@ -14,8 +14,11 @@ class Optimization:
     """Optimizer settings (paper defaults)."""
 
     lr: float = 5e-7
+    """Peak AdamW learning rate."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
     weight_decay: float = 0.01
+    """AdamW decoupled weight decay."""
     warmup_ratio: float = 0.03
     """Fraction of all optimizer steps spent warming up linearly."""
     min_lr_ratio: float = 0.0
