@@ -2,12 +2,13 @@
 
 from evolrl.data.chat import PAPER_SYSTEM_PROMPT, render_prompt
 from evolrl.data.datamodule import RolloutDataModule, RolloutRequest
-from evolrl.data.sources import AdditionPrompts, DataError, HubDataset, PromptFile, PromptSource
+from evolrl.data.sources import AdditionPrompts, DataError, EvalSet, HubDataset, PromptFile, PromptSource
 
 __all__ = [
     "PAPER_SYSTEM_PROMPT",
     "AdditionPrompts",
     "DataError",
+    "EvalSet",
     "HubDataset",
     "PromptFile",
     "PromptSource",

@@ -20,7 +20,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
 from evolrl.data.chat import PAPER_SYSTEM_PROMPT, render_prompt
-from evolrl.data.sources import DataError, PromptSource
+from evolrl.data.sources import DataError, EvalSet, PromptSource
 from evolrl.rollout.engine import RolloutEngine, Sampling
 from evolrl.rollout.vllm_engine import VLLMEngine
 from evolrl.models import load_tokenizer
@@ -34,6 +34,10 @@ class RolloutRequest:
     prompts: tuple[Prompt, ...]
     prompt_ids: tuple[tuple[int, ...], ...]
     sampler: Callable[[RolloutRequest], RolloutBatch]
+    dataset: str = "train"
+    """Name of the data set (an evaluation set's name for validation/test batches)."""
+    grader: str = "math"
+    """How an evaluation set is graded (``math`` or ``choice``)."""
 
     def sample(self) -> RolloutBatch:
         """Generate the response groups now, with the engine's current weights."""
@@ -60,6 +64,13 @@ class RolloutDataModule(L.LightningDataModule):
         shuffle: Shuffle prompts each epoch.
         seed: Seed for shuffling, the trained subset, and sampling.
         trust_remote_code: Allow the tokenizer repository's own code to run.
+        eval_sets: Labelled sets for ``validate``/``test`` and validation during ``fit``.
+        eval_samples: Responses per evaluation problem (paper: 32).
+        eval_temperature: Evaluation sampling temperature (paper: 0.6).
+        eval_top_p: Evaluation nucleus sampling (paper: 0.95).
+        eval_top_k: Evaluation top-k (the paper's stand-alone evaluation: 20); -1 for off.
+        eval_max_new_tokens: Longest evaluation response; ``null``: ``max_new_tokens``.
+        eval_prompts_per_batch: Problems per evaluation batch.
     """
 
     def __init__(
@@ -79,6 +90,13 @@ class RolloutDataModule(L.LightningDataModule):
         shuffle: bool = True,
         seed: int = 0,
         trust_remote_code: bool = False,
+        eval_sets: list[EvalSet] | None = None,
+        eval_samples: int = 32,
+        eval_temperature: float = 0.6,
+        eval_top_p: float = 0.95,
+        eval_top_k: int = -1,
+        eval_max_new_tokens: int | None = None,
+        eval_prompts_per_batch: int = 8,
     ) -> None:
         super().__init__()
         if not 1 <= trained_samples <= vote_samples:
@@ -94,8 +112,13 @@ class RolloutDataModule(L.LightningDataModule):
         self.shuffle = shuffle
         self.seed = seed
         self.trust_remote_code = trust_remote_code
+        self.eval_sets = eval_sets or []
+        self.eval_sampling = Sampling(eval_samples, eval_temperature, eval_top_p, eval_top_k,
+                                      eval_max_new_tokens or max_new_tokens, seed)
+        self.eval_prompts_per_batch = eval_prompts_per_batch
         self.tokenizer = None
         self.train_items: list[tuple[Prompt, tuple[int, ...]]] = []
+        self.eval_items: list[list[tuple[Prompt, tuple[int, ...]]]] = []
         self.dropped_prompts = 0
 
     def setup(self, stage: str | None = None) -> None:
@@ -105,20 +128,23 @@ class RolloutDataModule(L.LightningDataModule):
             raise ValueError("RolloutDataModule needs the policy's model string (data.model, linked to model.model)")
         self.tokenizer = load_tokenizer(self.model, self.trust_remote_code)
         self.engine.setup(self.tokenizer)
-        prompts = self.source.load()
-        encoded = [(p, tuple(render_prompt(self.tokenizer, p.question, self.system_prompt))) for p in prompts]
-        self.train_items = [(p, ids) for p, ids in encoded if len(ids) <= self.max_prompt_tokens]
-        self.dropped_prompts = len(encoded) - len(self.train_items)
-        if self.dropped_prompts:
-            rank_zero_warn(
-                f"dropped {self.dropped_prompts} of {len(encoded)} prompts longer than "
-                f"max_prompt_tokens={self.max_prompt_tokens}"
-            )
+        self.train_items, self.dropped_prompts = self._encode(self.source.load(), "training")
+        self.eval_items = [self._encode(s.load(), f"evaluation set {s.name!r}")[0] for s in self.eval_sets]
         if len(self.train_items) < self.prompts_per_step:
             raise DataError(
                 f"{len(self.train_items)} usable prompts but prompts_per_step={self.prompts_per_step}: "
                 "add prompts or lower prompts_per_step"
             )
+
+    def _encode(self, prompts: list[Prompt], what: str) -> tuple[list[tuple[Prompt, tuple[int, ...]]], int]:
+        """Rendered, tokenized prompts within ``max_prompt_tokens``, and how many were dropped (with a warning)."""
+        encoded = [(p, tuple(render_prompt(self.tokenizer, p.question, self.system_prompt))) for p in prompts]
+        kept = [(p, ids) for p, ids in encoded if len(ids) <= self.max_prompt_tokens]
+        dropped = len(encoded) - len(kept)
+        if dropped:
+            rank_zero_warn(f"{what}: dropped {dropped} of {len(encoded)} prompts longer than "
+                           f"max_prompt_tokens={self.max_prompt_tokens}")
+        return kept, dropped
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(
@@ -129,6 +155,27 @@ class RolloutDataModule(L.LightningDataModule):
             generator=torch.Generator().manual_seed(self.seed),
             collate_fn=self._request,
         )
+
+    def _eval_loaders(self) -> list[DataLoader]:
+        def request(items, eval_set):
+            return RolloutRequest(tuple(p for p, _ in items), tuple(ids for _, ids in items), self._sample_eval,
+                                  eval_set.name, eval_set.grader)
+
+        return [
+            DataLoader(items, batch_size=self.eval_prompts_per_batch, shuffle=False,
+                       collate_fn=lambda batch, s=eval_set: request(batch, s))
+            for items, eval_set in zip(self.eval_items, self.eval_sets)
+        ]
+
+    def val_dataloader(self) -> list[DataLoader]:
+        return self._eval_loaders()
+
+    def test_dataloader(self) -> list[DataLoader]:
+        return self._eval_loaders()
+
+    def _sample_eval(self, request: RolloutRequest) -> RolloutBatch:
+        groups = self.engine.generate(request.prompts, request.prompt_ids, self.eval_sampling)
+        return RolloutBatch(tuple(groups), weights_version=self.engine.version)
 
     def transfer_batch_to_device(self, batch, device, dataloader_idx):
         # A request holds token ids as tuples; the module builds its tensors on the device.

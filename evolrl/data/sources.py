@@ -18,7 +18,7 @@ import random
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from evolrl.types import Prompt
 
@@ -90,6 +90,29 @@ def rows_to_prompts(
     if not prompts:
         raise DataError(f"{where}: no rows")
     return prompts
+
+
+class EvalSet:
+    """A labelled evaluation set: its prompts, a name for the metrics, and how to grade it.
+
+    Args:
+        source: Where the problems come from (every prompt needs a ground-truth answer).
+        name: Name in metric tags, e.g. ``math500`` -> ``val/math500/pass@1``.
+        grader: ``math`` (equivalent final answer) or ``choice`` (a letter, GPQA).
+    """
+
+    def __init__(self, source: PromptSource, name: str, grader: Literal["math", "choice"] = "math") -> None:
+        self.source = source
+        self.name = name
+        self.grader = grader
+
+    def load(self) -> list[Prompt]:
+        prompts = self.source.load()
+        missing = [p.id for p in prompts if p.answer is None]
+        if missing:
+            raise DataError(f"evaluation set {self.name!r}: {len(missing)} problems without an answer "
+                            f"(first: {missing[0]!r}); evaluation needs ground truth")
+        return prompts
 
 
 class PromptFile(PromptSource):

@@ -26,7 +26,8 @@ import torch
 
 from evolrl.algorithms import aggregate, clipped_surrogate, group_advantages, logprobs_and_entropy, low_var_kl
 from evolrl.data.datamodule import RolloutRequest
-from evolrl.metrics.diagnostics import label_free_diagnostics
+from evolrl.callbacks import LabelFreeDiagnostics, PassAtK, PolicyStats, SampleLogger
+from evolrl.metrics.grading import grade
 from evolrl.models import load_policy
 from evolrl.rewards import EvolReward, Reward
 from evolrl.training.optim import Optimization, build_optimizer
@@ -162,22 +163,48 @@ class EvolRLModule(L.LightningModule):
         self.push_weights()
         t3 = time.perf_counter()
 
-        lengths = seqs.response_mask.sum(-1).float()
         stats |= {
             "advantage_abs": advantages.abs().mean().item(),
-            "response_length": lengths.mean().item(),
-            "response_length_max": lengths.max().item(),
             "lr": self.lr_schedulers().get_last_lr()[0],
             "skipped_steps": float(self.skipped_steps),
         }
-        stats |= label_free_diagnostics(scored, [p.answer for p in rollouts.prompts], rollouts.truncated())
         timing = {"step": t3 - t0, "sample": t1 - t0, "reward": t2 - t1, "update": t3 - t2}
-        self.log_dict({f"train/{k}": v for k, v in stats.items()}, on_step=True, batch_size=len(seqs))
+        # Entropy, lengths and the label-free diagnostics are logged by the callbacks (evolrl.callbacks),
+        # which read this step's output.
+        logged = {k: v for k, v in stats.items() if k != "entropy"}
+        self.log_dict({f"train/{k}": v for k, v in logged.items()}, on_step=True, batch_size=len(seqs))
         self.log_dict({f"time/{k}": v for k, v in timing.items()}, on_step=True, batch_size=len(seqs))
-        bar = {"reward": stats["reward_mean"], "entropy": stats["entropy"], "len": stats["response_length"],
-               "step_s": timing["step"]}
+        bar = {"reward": scored.rewards.mean().item(), "entropy": stats["entropy"],
+               "len": seqs.response_mask.sum(-1).float().mean().item(), "step_s": timing["step"]}
         self.log_dict(bar, prog_bar=True, logger=False, on_step=True, batch_size=len(seqs))
         return {"rollouts": rollouts, "rewards": scored, "stats": stats}
+
+    # ---- evaluation ---------------------------------------------------------------------
+    def on_validation_start(self) -> None:
+        if self.weights_pushed == 0:  # `validate`/`test` without `fit`
+            self.push_weights()
+
+    on_test_start = on_validation_start
+
+    def validation_step(self, request: RolloutRequest, batch_idx: int, dataloader_idx: int = 0) -> dict:
+        """Sample the evaluation responses and grade them; ``PassAtK`` turns them into pass@k / maj@k."""
+        rollouts = request.sample()
+        graded = [[grade(text, group.prompt.answer, request.grader) for text in group.texts]
+                  for group in rollouts.groups]
+        return {
+            "dataset": request.dataset,
+            "answers": [[a for a, _ in row] for row in graded],
+            "correct": [[c for _, c in row] for row in graded],
+            "rollouts": rollouts,
+        }
+
+    test_step = validation_step
+
+    def configure_callbacks(self):
+        """evolrl's metric callbacks, unless the trainer was given its own of the same kind."""
+        have = {type(c) for c in self.trainer.callbacks}
+        defaults = [LabelFreeDiagnostics(), PolicyStats(), PassAtK(), SampleLogger()]
+        return [c for c in defaults if type(c) not in have]
 
     def _forward(self, model, seqs: Sequences) -> tuple[torch.Tensor, torch.Tensor]:
         logits = model(input_ids=seqs.input_ids, attention_mask=seqs.attention_mask, use_cache=False).logits

@@ -1,0 +1,80 @@
+"""What evolrl's callbacks read from a step, and how they get it.
+
+The callbacks never look inside a LightningModule. They read the *output* of a
+training or validation step through an extractor function, configured in their
+``__init__``: ``extract(outputs, batch) -> view`` (in the manner of Lightning's
+``ThroughputMonitor(batch_size_fn=...)``). The defaults read evolrl's own step
+outputs; another Lightning RL module plugs in by returning a view itself::
+
+    def my_view(outputs, batch):
+        return TrainView(rewards=outputs["reward_output"], entropy=outputs["entropy"],
+                         response_lengths=outputs["lengths"])
+
+    trainer = L.Trainer(callbacks=[LabelFreeDiagnostics(extract=my_view), PolicyStats(extract=my_view)])
+
+A view is a small frozen dataclass; fields a module cannot supply stay ``None`` and the
+metrics that need them are skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from evolrl.types import RewardOutput, RolloutBatch
+
+
+@dataclass(frozen=True)
+class TrainView:
+    """One training step, as the training-time callbacks see it."""
+
+    rewards: RewardOutput | None = None
+    """Rewards and their components, ``[P, V]`` (label-free diagnostics, samples)."""
+    rollouts: RolloutBatch | None = None
+    """The response groups (sample rows; truncation flags; ground truth when present)."""
+    entropy: float | None = None
+    """Token-mean policy entropy over response tokens."""
+    response_lengths: Tensor | None = None
+    """Tokens per response, any shape."""
+    truncated: Tensor | None = None
+    """Whether each response hit the token limit, same shape as ``response_lengths``."""
+
+    def truths(self) -> list[str | None] | None:
+        return [p.answer for p in self.rollouts.prompts] if self.rollouts is not None else None
+
+
+@dataclass(frozen=True)
+class EvalView:
+    """One validation/test batch: ``n`` graded samples for each of its problems."""
+
+    dataset: str
+    answers: Sequence[Sequence[str | None]]
+    """Extracted answers, ``[problems][n]``."""
+    correct: Sequence[Sequence[bool]]
+    """Whether each answer is right, ``[problems][n]``."""
+
+
+def evolrl_train_view(outputs: Mapping[str, Any], batch: Any) -> TrainView | None:
+    """The view of an ``EvolRLModule.training_step`` output."""
+    if not isinstance(outputs, Mapping) or "rollouts" not in outputs:
+        return None
+    rollouts: RolloutBatch = outputs["rollouts"]
+    lengths = torch.tensor([[len(r) for r in g.response_ids] for g in rollouts.groups], dtype=torch.float)
+    return TrainView(
+        rewards=outputs.get("rewards"),
+        rollouts=rollouts,
+        entropy=outputs.get("stats", {}).get("entropy"),
+        response_lengths=lengths,
+        truncated=rollouts.truncated(),
+    )
+
+
+def evolrl_eval_view(outputs: Mapping[str, Any], batch: Any) -> EvalView | None:
+    """The view of an ``EvolRLModule.validation_step`` / ``test_step`` output."""
+    if not isinstance(outputs, Mapping) or "correct" not in outputs:
+        return None
+    return EvalView(outputs["dataset"], outputs["answers"], outputs["correct"])

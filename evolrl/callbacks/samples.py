@@ -1,0 +1,58 @@
+"""A few (prompt, response, answer, reward) rows per step, as TensorBoard text."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from evolrl.callbacks.contract import TrainView, evolrl_train_view
+
+
+def sample_table(view: TrainView, rows: int) -> str:
+    """A Markdown table of the first response of the first ``rows`` prompts."""
+    lines = ["| prompt | response | answer | reward |", "|---|---|---|---|"]
+
+    def cell(text: Any) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")[:500]
+
+    for p, group in enumerate(view.rollouts.groups[:rows]):
+        answer = view.rewards.answers[p][0] if view.rewards is not None else None
+        reward = f"{view.rewards.rewards[p, 0].item():.3f}" if view.rewards is not None else ""
+        lines.append(f"| {cell(group.prompt.question)} | {cell(group.texts[0])} | {cell(answer)} | {reward} |")
+    return "\n".join(lines)
+
+
+class SampleLogger(L.Callback):
+    """Writes ``rows`` sample rows to the TensorBoard text tab every ``every_n_steps`` training steps.
+
+    Args:
+        rows: Prompts shown per step (first response of each).
+        every_n_steps: Logging interval in training steps.
+        extract: ``(outputs, batch) -> TrainView``; reads evolrl's step output by default.
+        tag: TensorBoard text tag.
+    """
+
+    def __init__(
+        self,
+        rows: int = 4,
+        every_n_steps: int = 1,
+        extract: Callable[[Any, Any], TrainView | None] = evolrl_train_view,
+        tag: str = "train/samples",
+    ) -> None:
+        self.rows = rows
+        self.every_n_steps = every_n_steps
+        self.extract = extract
+        self.tag = tag
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if batch_idx % self.every_n_steps or not trainer.is_global_zero:
+            return
+        view = self.extract(outputs, batch)
+        if view is None or view.rollouts is None:
+            return
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_text(self.tag, sample_table(view, self.rows), global_step=batch_idx)
