@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import glob
+import json
 import itertools
+import sys
+import re
 from pathlib import Path
 
 import lightning as L
@@ -29,11 +32,17 @@ def paper_runs():
         yield [str(parts / f"{name}.yaml") for name in ("common", m, d, method)]
 
 
-@pytest.mark.parametrize("configs", [[str(CONFIGS / "demo.yaml")], *paper_runs()], ids=lambda c: "+".join(
-    Path(p).stem for p in c))
+@pytest.mark.parametrize("configs", [
+    [str(CONFIGS / "demo.yaml")],
+    [str(CONFIGS / "demo.yaml"), str(CONFIGS / "eval_demo.yaml")],
+    [str(CONFIGS / "demo.yaml"), str(CONFIGS / "demo_ttrl.yaml")],
+    [*next(paper_runs()), str(CONFIGS / "paper" / "eval.yaml")],
+    *paper_runs(),
+], ids=lambda c: "+".join(Path(p).stem for p in c))
 def test_every_shipped_config_parses(configs, capsys, monkeypatch):
     monkeypatch.setattr("sys.argv", ["evolrl"])
-    args = ["fit"] + [a for c in configs for a in ("--config", c)] + ["--print_config"]
+    command = "validate" if any("eval" in c for c in configs) else "fit"
+    args = [command] + [a for c in configs for a in ("--config", c)] + ["--print_config"]
     with pytest.raises(SystemExit) as exit_info:
         main(args)
     assert exit_info.value.code in (0, None)
@@ -47,21 +56,24 @@ def test_every_config_file_has_a_header_with_its_command():
     for path in CONFIGS.rglob("*.yaml"):
         text = path.read_text()
         assert text.startswith("#"), path
-        assert "python -m evolrl fit --config configs/" in text or "configs/paper/common.yaml" in text, path
+        assert re.search(r"python -m evolrl (fit|validate|test) --config configs/", text), path
 
 
-def tiny_config(tmp_path: Path, model: str, steps: int = 2, **model_overrides) -> Path:
+def tiny_config(tmp_path: Path, model: str, steps: int = 2, reward: str = "EvolReward", **model_overrides) -> Path:
     config = {
         "seed_everything": 0,
         "trainer": {
             "accelerator": "cpu", "max_epochs": 1, "limit_train_batches": steps, "log_every_n_steps": 1,
             "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False,
+            "val_check_interval": 1, "num_sanity_val_steps": -1,
             "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
                        "init_args": {"save_dir": str(tmp_path), "name": "tiny"}},
+            "callbacks": [{"class_path": "evolrl.callbacks.PassAtK",
+                           "init_args": {"pass_ks": [1, 4], "maj_ks": [4]}}],
         },
         "model": {
             "model": model,
-            "reward": {"class_path": "evolrl.rewards.EvolReward",
+            "reward": {"class_path": f"evolrl.rewards.{reward}",
                        "init_args": {"valid_rule": "any", "number_fallback": True}},
             "mini_batch_size": 4, "micro_batch_size": 2, "optim": {"lr": 1e-3}, **model_overrides,
         },
@@ -69,8 +81,13 @@ def tiny_config(tmp_path: Path, model: str, steps: int = 2, **model_overrides) -
             "train": {"class_path": "evolrl.data.AdditionPrompts", "init_args": {"count": 8}},
             "engine": {"class_path": "evolrl.rollout.HFEngine"},
             "prompts_per_step": 2, "vote_samples": 4, "trained_samples": 3, "max_new_tokens": 6,
+            "eval_sets": [{"class_path": "evolrl.data.EvalSet", "init_args": {
+                "name": "addition", "source": {"class_path": "evolrl.data.AdditionPrompts",
+                                               "init_args": {"count": 4, "seed": 1}}}}],
+            "eval_samples": 4, "eval_max_new_tokens": 6,
         },
     }
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -88,11 +105,47 @@ def test_two_step_fit_from_the_cli_writes_tensorboard_scalars(tmp_path, tiny_mod
     monkeypatch.setattr("sys.argv", ["evolrl"])
     main(["fit", "--config", str(tiny_config(tmp_path, tiny_model))])
     logged = scalars(tmp_path)
-    for tag in ["train/loss", "train/pg_loss", "train/reward_mean", "train/reward_std", "train/entropy",
-                "train/response_length", "train/clip_low_frac", "train/clip_high_frac", "train/kl", "train/lr",
-                "train/grad_norm", "train/valid_rate", "train/majority_ratio", "train/novelty_mean", "time/step"]:
+    per_step = [
+        # the module: loss terms, clipping, optimizer, timing
+        "train/loss", "train/pg_loss", "train/kl", "train/clip_low_frac", "train/clip_high_frac",
+        "train/dual_clip_frac", "train/lr", "train/grad_norm", "train/skipped_steps", "time/step", "time/sample",
+        "time/reward", "time/update",
+        # PolicyStats
+        "train/entropy", "train/response_length", "train/response_length_max", "train/truncated_frac",
+        # LabelFreeDiagnostics (AdditionPrompts carry answers, so the accuracies are there too)
+        "train/reward_mean", "train/reward_std", "train/zero_variance_groups", "train/majority_ratio",
+        "train/distinct_answers", "train/valid_rate", "train/truncation_rate", "train/novelty_mean",
+        "train/label_accuracy", "train/reward_accuracy",
+    ]
+    for tag in per_step:
         assert len(logged[tag]) == 2, tag
         assert all(torch.isfinite(torch.tensor(logged[tag]))), tag
+    for tag in ["train_epoch/entropy", "train_epoch/response_length"]:
+        assert len(logged[tag]) == 1, tag
+    # PassAtK: the sanity check at step 0, then after each of the 2 steps
+    for tag in ["val/addition/pass@1", "val/addition/pass@4", "val/addition/maj@4"]:
+        assert len(logged[tag]) == 3, tag
+    events = EventAccumulator(glob.glob(str(tmp_path / "**" / "events.out.tfevents.*"), recursive=True)[0],
+                              size_guidance={"tensors": 0})
+    events.Reload()
+    assert "train/samples/text_summary" in events.Tags()["tensors"]
+
+
+def test_plot_dynamics_overlays_two_runs(tmp_path, tiny_model, minilm, monkeypatch):
+    import matplotlib.image
+
+    monkeypatch.setattr("sys.argv", ["evolrl"])
+    runs = []
+    for reward in ("EvolReward", "MajorityVoteReward"):
+        main(["fit", "--config", str(tiny_config(tmp_path / reward, tiny_model, steps=3, reward=reward))])
+        runs.append(next((tmp_path / reward / "tiny").iterdir()))
+    sys.path.insert(0, str(Path(__file__).parent.parent / "tools"))
+    from plot_dynamics import plot, read_scalars
+
+    out = plot(runs, ["EVOL-RL", "TTRL"], tmp_path / "dynamics.png")
+    image = matplotlib.image.imread(out)
+    assert image.shape[0] > 300 and image.shape[1] > 1000  # three readable panels side by side
+    assert len(read_scalars(runs[0])["val/addition/pass@1"]) == 4
 
 
 class Recorder(L.Callback):
@@ -233,3 +286,34 @@ def test_non_finite_gradients_skip_the_step_and_are_counted(tiny_model):
     assert all(torch.equal(after[k], recorder.before[k]) for k in after)  # nothing applied
     assert module.skipped_steps == 4  # 2 steps x 2 mini-batches
     assert module.trainer.callback_metrics["train/skipped_steps"].item() == 4
+
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not beside this checkout")
+def test_validate_from_the_cli_is_reproducible(tmp_path, tiny_model, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["evolrl"])
+    monkeypatch.chdir(Path(__file__).parent.parent)  # the config's ../shared/data paths are relative to the repo
+    results = []
+    for run in ("a", "b"):
+        overrides = {
+            "trainer": {"accelerator": "cpu", "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                                                          "init_args": {"save_dir": str(tmp_path / run)}},
+                        "callbacks": [{"class_path": "evolrl.callbacks.PassAtK",
+                                       "init_args": {"pass_ks": [1, 4], "maj_ks": [4]}}]},
+            "model": {"model": tiny_model},
+            "data": {"engine": {"class_path": "evolrl.rollout.HFEngine"}, "eval_samples": 4,
+                     "eval_max_new_tokens": 8, "eval_prompts_per_batch": 4},
+        }
+        path = tmp_path / f"{run}.yaml"
+        path.write_text(yaml.safe_dump(overrides))
+        main(["validate", "--config", str(CONFIGS / "demo.yaml"), "--config", str(CONFIGS / "eval_demo.yaml"),
+              "--config", str(path)])
+        files = glob.glob(str(tmp_path / run / "**" / "val_metrics.json"), recursive=True)
+        results.append(json.loads(Path(files[0]).read_text()))
+        logged = scalars(tmp_path / run)
+        assert {"val/math500/pass@1", "val/math500/pass@4", "val/math500/maj@4", "val/gpqa_diamond/pass@1"} <= set(
+            logged)
+    assert results[0] == results[1]
+    assert results[0]["math500"]["problems"] == 8 and results[0]["gpqa_diamond"]["samples"] == 4

@@ -56,6 +56,8 @@ class EvalView:
     """Extracted answers, ``[problems][n]``."""
     correct: Sequence[Sequence[bool]]
     """Whether each answer is right, ``[problems][n]``."""
+    step: int | None = None
+    """Training steps behind the evaluated weights (the x of the curves); ``None``: the trainer's global step."""
 
 
 def evolrl_train_view(outputs: Mapping[str, Any], batch: Any) -> TrainView | None:
@@ -77,4 +79,6 @@ def evolrl_eval_view(outputs: Mapping[str, Any], batch: Any) -> EvalView | None:
     """The view of an ``EvolRLModule.validation_step`` / ``test_step`` output."""
     if not isinstance(outputs, Mapping) or "correct" not in outputs:
         return None
-    return EvalView(outputs["dataset"], outputs["answers"], outputs["correct"])
+    rollouts = outputs.get("rollouts")
+    return EvalView(outputs["dataset"], outputs["answers"], outputs["correct"],
+                    rollouts.weights_version if rollouts is not None else None)

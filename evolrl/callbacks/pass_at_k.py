@@ -20,7 +20,9 @@ class PassAtK(L.Callback):
 
     pass@k is the unbiased estimator; maj@k the exact expected majority-vote accuracy of k of
     the n samples. With ``output_dir``, each epoch's table is also written to
-    ``{output_dir}/{stage}_metrics.json`` and ``.csv``.
+    ``{output_dir}/{stage}_metrics.json`` and ``.csv``. The logging step is the view's ``step`` (the
+    training steps behind the evaluated weights; a sanity check before training is step 0), or the
+    trainer's ``global_step`` when the view has none.
 
     Args:
         pass_ks: The k of pass@k (each at most the samples per problem).
@@ -41,11 +43,13 @@ class PassAtK(L.Callback):
         self.extract = extract
         self.output_dir = output_dir
         self.samples: dict[str, list[tuple[Sequence[str | None], Sequence[bool]]]] = defaultdict(list)
+        self.step: int | None = None
 
     def _collect(self, outputs, batch) -> None:
         view = self.extract(outputs, batch)
         if view is not None:
             self.samples[view.dataset].extend(zip(view.answers, view.correct))
+            self.step = view.step
 
     def scores(self) -> dict[str, dict[str, float]]:
         """``{dataset: {"pass@1": ..., "maj@16": ..., "problems": ..., "samples": ...}}`` so far."""
@@ -66,13 +70,19 @@ class PassAtK(L.Callback):
         self.samples.clear()
         metrics = {f"{stage}/{dataset}/{name}": value for dataset, row in table.items() for name, value in row.items()
                    if "@" in name}
-        for name, value in metrics.items():
-            pl_module.log(name, value, on_epoch=True, add_dataloader_idx=False, sync_dist=False)
+        # x = training steps behind the evaluated weights, so the sanity check before training is step 0 and
+        # the evaluation after step k sits at k (Lightning would log both at 0, and drops the sanity check's).
+        step = self.step if self.step is not None else trainer.global_step
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+        if not trainer.sanity_checking:
+            for name, value in metrics.items():  # for callback_metrics (checkpoint monitors, the CLI's output)
+                pl_module.log(name, value, on_epoch=True, add_dataloader_idx=False, logger=False)
         directory = self.output_dir or (trainer.logger.log_dir if trainer.logger else None)
         if directory and trainer.is_global_zero and table:
             path = Path(directory)
             path.mkdir(parents=True, exist_ok=True)
-            (path / f"{stage}_metrics.json").write_text(json.dumps({"step": trainer.global_step, **table}, indent=2))
+            (path / f"{stage}_metrics.json").write_text(json.dumps({"step": step, **table}, indent=2))
             columns = sorted({name for row in table.values() for name in row})
             with open(path / f"{stage}_metrics.csv", "w", newline="") as f:
                 writer = csv.writer(f)
@@ -82,6 +92,7 @@ class PassAtK(L.Callback):
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
         self.samples.clear()
+        self.step = None
 
     on_test_epoch_start = on_validation_epoch_start
 
@@ -92,8 +103,7 @@ class PassAtK(L.Callback):
         self._collect(outputs, batch)
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
-        if not trainer.sanity_checking:
-            self._report(trainer, pl_module, "val")
+        self._report(trainer, pl_module, "val")
 
     def on_test_epoch_end(self, trainer, pl_module) -> None:
         self._report(trainer, pl_module, "test")

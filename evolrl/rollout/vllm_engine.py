@@ -48,6 +48,9 @@ class VLLMEngine(RolloutEngine):
         enforce_eager: Skip CUDA graph / compile capture (faster start, slower sampling on GPU).
         tensor_parallel_size: GPUs per engine.
         cpu_threads: On the CPU backend, cores to bind (e.g. ``0-1``); ``None`` leaves vLLM's default.
+        seed: Engine seed. On a GPU each request is also seeded (``sampling.seed`` + call number); the
+            CPU backend cannot rewind a seeded request's generator when it splits a long prefill, so
+            there the engine seed alone makes runs reproducible.
     """
 
     def __init__(
@@ -59,8 +62,10 @@ class VLLMEngine(RolloutEngine):
         enforce_eager: bool = False,
         tensor_parallel_size: int = 1,
         cpu_threads: str | None = None,
+        seed: int = 0,
     ) -> None:
         super().__init__()
+        self.seed = seed
         self.dtype = dtype
         self.gpu_memory_utilization = gpu_memory_utilization
         self.kv_cache_gib = kv_cache_gib
@@ -98,7 +103,9 @@ class VLLMEngine(RolloutEngine):
             max_model_len=self.max_model_len,
             enforce_eager=self.enforce_eager,
             tensor_parallel_size=self.tensor_parallel_size,
+            seed=self.seed,
         )
+        self._seed_requests = torch.cuda.is_available()
 
     def _load(self, policy: nn.Module) -> None:
         if self.llm is None:
@@ -122,7 +129,7 @@ class VLLMEngine(RolloutEngine):
             top_k=sampling.top_k,
             max_tokens=sampling.max_new_tokens,
             stop_token_ids=stops,
-            seed=sampling.seed + self._calls,
+            seed=sampling.seed + self._calls if self._seed_requests else None,
             detokenize=False,
             logprobs=0,  # the sampled token's log-prob, for diagnostics and the weight-sync test
         )

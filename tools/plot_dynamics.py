@@ -1,0 +1,90 @@
+"""Draw the paper's training-dynamics figure from TensorBoard logs of one or more runs.
+
+Three panels against the training step: pass@1 on an evaluation set (``val/<set>/pass@1``),
+mean response length (tokens) and policy entropy (nats per token); one line per run, so TTRL and
+EVOL-RL can be overlaid.
+
+    python tools/plot_dynamics.py runs/demo/version_0 runs/demo_ttrl/version_0 \\
+        --labels EVOL-RL TTRL --out dynamics.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+PANELS = (
+    ("val/{eval_set}/pass@1", "pass@1 on {eval_set}", "pass@1"),
+    ("train/response_length", "response length", "tokens"),
+    ("train/entropy", "policy entropy", "nats / token"),
+)
+
+
+def read_scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """``{tag: [(step, value), ...]}`` from every event file under ``run``."""
+    series: dict[str, dict[int, float]] = {}
+    files = sorted(run.rglob("events.out.tfevents.*")) if run.is_dir() else [run]
+    if not files:
+        raise FileNotFoundError(f"no TensorBoard event files under {run}")
+    for file in files:
+        events = EventAccumulator(str(file), size_guidance={"scalars": 0})
+        events.Reload()
+        for tag in events.Tags()["scalars"]:
+            series.setdefault(tag, {}).update({e.step: e.value for e in events.Scalars(tag)})
+    return {tag: sorted(points.items()) for tag, points in series.items()}
+
+
+def find_eval_set(runs: list[dict[str, list]], wanted: str | None) -> str | None:
+    names = sorted({tag.split("/")[1] for run in runs for tag in run if fnmatch.fnmatch(tag, "val/*/pass@1")})
+    if wanted:
+        return wanted
+    return names[0] if names else None
+
+
+def plot(run_dirs: list[Path], labels: list[str], out: Path, eval_set: str | None = None) -> Path:
+    runs = [read_scalars(d) for d in run_dirs]
+    eval_set = find_eval_set(runs, eval_set)
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4), constrained_layout=True)
+    for ax, (tag, title, unit) in zip(axes, PANELS):
+        tag = tag.format(eval_set=eval_set)
+        ax.set_title(title.format(eval_set=eval_set or "(no evaluation set logged)"))
+        ax.set_xlabel("training step")
+        ax.set_ylabel(unit)
+        ax.grid(alpha=0.3)
+        for run, label in zip(runs, labels):
+            if tag in run:
+                steps, values = zip(*run[tag])
+                ax.plot(steps, values, marker="o", markersize=3, label=label)
+        if ax.lines:
+            ax.legend()
+        else:
+            ax.text(0.5, 0.5, f"no '{tag}' in these runs", ha="center", va="center", transform=ax.transAxes)
+    fig.suptitle("Training dynamics")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories (or event files)")
+    parser.add_argument("--labels", nargs="+", help="legend label per run (default: the directory names)")
+    parser.add_argument("--eval-set", help="evaluation set for the pass@1 panel (default: the first logged)")
+    parser.add_argument("--out", type=Path, default=Path("dynamics.png"))
+    args = parser.parse_args()
+    labels = args.labels or [str(r) for r in args.runs]
+    if len(labels) != len(args.runs):
+        parser.error(f"{len(args.runs)} runs but {len(labels)} labels")
+    print(plot(args.runs, labels, args.out, args.eval_set))
+
+
+if __name__ == "__main__":
+    main()
