@@ -18,10 +18,11 @@ metrics that need them are skipped.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import lightning as L
 import torch
 from torch import Tensor
 
@@ -82,3 +83,24 @@ def evolrl_eval_view(outputs: Mapping[str, Any], batch: Any) -> EvalView | None:
     rollouts = outputs.get("rollouts")
     return EvalView(outputs["dataset"], outputs["answers"], outputs["correct"],
                     rollouts.weights_version if rollouts is not None else None)
+
+
+class TrainViewCallback(L.Callback):
+    """Base of the per-training-step callbacks: extract the view, then :meth:`on_view`.
+
+    Args:
+        extract: ``(outputs, batch) -> TrainView``; reads evolrl's step output by default.
+        prefix: Metric-name prefix.
+    """
+
+    def __init__(self, extract: Callable[[Any, Any], TrainView | None] = evolrl_train_view, prefix: str = "train/"):
+        self.extract = extract
+        self.prefix = prefix
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        view = self.extract(outputs, batch)
+        if view is not None:
+            self.on_view(trainer, pl_module, view)
+
+    def on_view(self, trainer: L.Trainer, pl_module: L.LightningModule, view: TrainView) -> None:
+        raise NotImplementedError

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-import lightning as L
-
-from evolrl.callbacks.contract import TrainView, evolrl_train_view
+from evolrl.callbacks.contract import TrainViewCallback
 
 
-class PolicyStats(L.Callback):
+class PolicyStats(TrainViewCallback):
     """Logs ``entropy`` (token mean over response tokens), ``response_length`` (mean),
     ``response_length_max`` and ``truncated_frac`` each step (``train/...``) and their
     epoch means (``train_epoch/...``).
@@ -20,14 +15,7 @@ class PolicyStats(L.Callback):
         prefix: Metric-name prefix.
     """
 
-    def __init__(self, extract: Callable[[Any, Any], TrainView | None] = evolrl_train_view, prefix: str = "train/"):
-        self.extract = extract
-        self.prefix = prefix
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        view = self.extract(outputs, batch)
-        if view is None:
-            return
+    def on_view(self, trainer, pl_module, view) -> None:
         stats = {}
         if view.entropy is not None:
             stats["entropy"] = float(view.entropy)
