@@ -317,3 +317,20 @@ def test_validate_from_the_cli_is_reproducible(tmp_path, tiny_model, monkeypatch
             logged)
     assert results[0] == results[1]
     assert results[0]["math500"]["problems"] == 8 and results[0]["gpqa_diamond"]["samples"] == 4
+
+
+def test_validate_a_trained_checkpoint(tmp_path, tiny_model, minilm, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["evolrl"])
+    config = tiny_config(tmp_path, tiny_model, steps=2)
+    data = yaml.safe_load(config.read_text())
+    data["trainer"]["enable_checkpointing"] = True
+    data["trainer"]["default_root_dir"] = str(tmp_path)
+    config.write_text(yaml.safe_dump(data))
+    trained = main(["fit", "--config", str(config)]).model.policy.state_dict()
+    checkpoint = glob.glob(str(tmp_path / "**" / "*.ckpt"), recursive=True)[0]
+    cli = main(["validate", "--config", str(config), "--ckpt_path", checkpoint])
+    restored = cli.model.policy.state_dict()
+    assert all(torch.equal(restored[k], trained[k]) for k in trained)
+    base = load_policy(tiny_model).state_dict()
+    assert not all(torch.equal(base[k], trained[k]) for k in trained)
+    assert "val/addition/pass@1" in cli.trainer.callback_metrics
