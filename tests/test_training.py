@@ -334,3 +334,15 @@ def test_validate_a_trained_checkpoint(tmp_path, tiny_model, minilm, monkeypatch
     base = load_policy(tiny_model).state_dict()
     assert not all(torch.equal(base[k], trained[k]) for k in trained)
     assert "val/addition/pass@1" in cli.trainer.callback_metrics
+
+    # export: a plain Hugging Face directory with the trained weights and the tokenizer
+    import subprocess
+
+    out = tmp_path / "exported"
+    subprocess.run([sys.executable, str(Path(__file__).parent.parent / "tools" / "export_hf.py"), checkpoint, str(out),
+                    "--dtype", "float32"], check=True)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    exported = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    assert all(torch.equal(exported[k], trained[k]) for k in trained)
+    assert AutoTokenizer.from_pretrained(out).chat_template

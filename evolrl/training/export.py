@@ -1,0 +1,49 @@
+"""Turn a training checkpoint into a Hugging Face model directory (safetensors + tokenizer).
+
+The directory loads with ``AutoModelForCausalLM.from_pretrained`` and with vLLM, like any Hub model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from evolrl.models import load_tokenizer, resolve_model
+
+
+def export_checkpoint(checkpoint: str, out_dir: str, model: str | None = None, dtype: str = "bfloat16") -> Path:
+    """Write the policy of a Lightning ``checkpoint`` to ``out_dir``.
+
+    Args:
+        checkpoint: A ``.ckpt`` written by ``python -m evolrl fit``.
+        out_dir: Target directory (created).
+        model: The base model string, for the architecture and tokenizer; default: the one the
+            checkpoint was trained from (its ``model`` hyperparameter).
+        dtype: Dtype of the saved weights.
+    """
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {checkpoint!r} does not exist")
+    # A Lightning checkpoint stores the run's hyperparameters as Python objects: your own file, so trusted.
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    model = model or ckpt.get("hyper_parameters", {}).get("model")
+    if not model:
+        raise ValueError(f"{checkpoint}: no `model` hyperparameter; pass the base model explicitly")
+    state = {k.removeprefix("policy."): v for k, v in ckpt["state_dict"].items() if k.startswith("policy.")}
+    if not state:
+        raise ValueError(f"{checkpoint}: no policy weights (keys starting with 'policy.') in its state_dict")
+    source = resolve_model(model)
+    config = AutoConfig.from_pretrained(source.path, gguf_file=source.gguf_file)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    policy = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    try:
+        policy.load_state_dict(state)
+    except RuntimeError as err:
+        raise ValueError(f"{checkpoint}: its weights do not fit the architecture of {model!r}: {err}") from err
+    out = Path(out_dir)
+    policy.save_pretrained(out)
+    load_tokenizer(model).save_pretrained(out)
+    return out

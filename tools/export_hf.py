@@ -1,0 +1,25 @@
+"""Export a training checkpoint as a Hugging Face model directory (safetensors + tokenizer).
+
+    python tools/export_hf.py runs/demo/version_0/checkpoints/last.ckpt exported/
+    python -c "from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained('exported')"
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from evolrl.training.export import export_checkpoint
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", help="a .ckpt written by `python -m evolrl fit`")
+    parser.add_argument("out_dir", help="directory to write")
+    parser.add_argument("--model", help="base model string (default: the checkpoint's own)")
+    parser.add_argument("--dtype", default="bfloat16", help="dtype of the saved weights (default: bfloat16)")
+    args = parser.parse_args()
+    print(export_checkpoint(args.checkpoint, args.out_dir, args.model, args.dtype))
+
+
+if __name__ == "__main__":
+    main()
