@@ -74,3 +74,26 @@ def test_sampling_is_seeded_and_groups_are_complete(setup):
     for g in a:
         for response, truncated in zip(g.response_ids, g.truncated):
             assert truncated == (len(response) == 6 and response[-1] not in engine.stops())
+
+
+def test_exported_checkpoint_loads_in_vllm(tmp_path, tiny_model):
+    import subprocess
+    import sys
+
+    from evolrl.training.export import export_checkpoint
+
+    policy = load_policy(tiny_model)
+    checkpoint = tmp_path / "run.ckpt"
+    torch.save({"hyper_parameters": {"model": tiny_model},
+                "state_dict": {f"policy.{k}": v for k, v in policy.state_dict().items()}}, checkpoint)
+    out = export_checkpoint(str(checkpoint), str(tmp_path / "exported"), dtype="float32")
+    script = (
+        "from vllm import LLM, SamplingParams; "
+        f"llm = LLM(model={str(out)!r}, dtype='float32', enforce_eager=True, max_model_len=128, "
+        "kv_cache_memory_bytes=2**26); "
+        "out = llm.generate(['What is 3 + 4?'], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False); "
+        "print('GENERATED', len(out[0].outputs[0].token_ids))"
+    )
+    env = {**__import__("os").environ, "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert "GENERATED" in result.stdout, result.stderr[-2000:]
