@@ -20,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
 from evolrl.data.chat import PAPER_SYSTEM_PROMPT, render_prompt
+from evolrl.data.loader import PromptLoader
 from evolrl.data.sources import DataError, EvalSet, PromptSource
 from evolrl.rollout.engine import RolloutEngine, Sampling
 from evolrl.rollout.vllm_engine import VLLMEngine
@@ -114,12 +115,13 @@ class RolloutDataModule(L.LightningDataModule):
         self.trust_remote_code = trust_remote_code
         self.eval_sets = eval_sets or []
         self.eval_sampling = Sampling(eval_samples, eval_temperature, eval_top_p, eval_top_k,
-                                      eval_max_new_tokens or max_new_tokens, seed)
+                                      eval_max_new_tokens or max_new_tokens, seed + 1)  # its own random stream
         self.eval_prompts_per_batch = eval_prompts_per_batch
         self.tokenizer = None
         self.train_items: list[tuple[Prompt, tuple[int, ...]]] = []
         self.eval_items: list[list[tuple[Prompt, tuple[int, ...]]]] = []
         self.dropped_prompts = 0
+        self._train_loader: PromptLoader | None = None
 
     def setup(self, stage: str | None = None) -> None:
         if self.tokenizer is not None:
@@ -146,15 +148,13 @@ class RolloutDataModule(L.LightningDataModule):
                            f"max_prompt_tokens={self.max_prompt_tokens}")
         return kept, dropped
 
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(
-            self.train_items,
-            batch_size=self.prompts_per_step,
-            shuffle=self.shuffle,
-            drop_last=True,  # every step has P full groups
-            generator=torch.Generator().manual_seed(self.seed),
-            collate_fn=self._request,
-        )
+    def train_dataloader(self) -> PromptLoader:
+        # Every step has P full groups (the last partial batch is dropped); the loader's position is
+        # part of each checkpoint, so a resumed run sees the same next batches.
+        if self._train_loader is None:
+            self._train_loader = PromptLoader(self.train_items, self.prompts_per_step, self._request, self.shuffle,
+                                              self.seed)
+        return self._train_loader
 
     def _eval_loaders(self) -> list[DataLoader]:
         def request(items, eval_set):

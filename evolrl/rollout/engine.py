@@ -95,10 +95,14 @@ class RolloutEngine(ABC):
     def _load(self, policy: nn.Module) -> None:
         """Make the engine sample from ``policy``'s current weights."""
 
-    def load_weights(self, policy: nn.Module) -> None:
-        """Hand the engine the policy's current weights (no files written)."""
+    def load_weights(self, policy: nn.Module, version: int | None = None) -> None:
+        """Hand the engine the policy's current weights (no files written) as ``version`` (default: the next)."""
         self._load(policy)
-        self.version += 1
+        self.version = self.version + 1 if version is None else version
+
+    def seed_for(self, sampling: Sampling) -> int:
+        """The seed of a ``generate`` call: a function of the weights version, so a resumed run samples alike."""
+        return sampling.seed + 7919 * (self.version + 1)
 
     def stops(self, policy_eos: int | list[int] | None = None) -> list[int]:
         if self.tokenizer is None:

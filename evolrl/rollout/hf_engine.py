@@ -22,7 +22,6 @@ class HFEngine(RolloutEngine):
         super().__init__()
         self.prompts_per_call = prompts_per_call
         self.model: nn.Module | None = None
-        self._calls = 0
 
     def _load(self, policy: nn.Module) -> None:
         self.model = policy
@@ -40,9 +39,9 @@ class HFEngine(RolloutEngine):
         model.eval()
         groups = []
         try:
-            # A seed per call: reproducible runs without touching the global RNG.
+            # Seeded per weights version: reproducible (and resumable) without touching the global RNG.
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-                torch.manual_seed(sampling.seed + self._calls)
+                torch.manual_seed(self.seed_for(sampling))
                 for start in range(0, len(prompts), self.prompts_per_call):
                     chunk = list(prompt_ids[start : start + self.prompts_per_call])
                     width = max(len(ids) for ids in chunk)
@@ -68,5 +67,4 @@ class HFEngine(RolloutEngine):
                         )
         finally:
             model.train(was_training)
-            self._calls += 1
         return groups

@@ -48,7 +48,7 @@ class VLLMEngine(RolloutEngine):
         enforce_eager: Skip CUDA graph / compile capture (faster start, slower sampling on GPU).
         tensor_parallel_size: GPUs per engine.
         cpu_threads: On the CPU backend, cores to bind (e.g. ``0-1``); ``None`` leaves vLLM's default.
-        seed: Engine seed. On a GPU each request is also seeded (``sampling.seed`` + call number); the
+        seed: Engine seed. On a GPU each request is also seeded (``RolloutEngine.seed_for``); the
             CPU backend cannot rewind a seeded request's generator when it splits a long prefill, so
             there the engine seed alone makes runs reproducible.
     """
@@ -75,7 +75,6 @@ class VLLMEngine(RolloutEngine):
         self.cpu_threads = cpu_threads
         self.llm = None
         self._eos = None
-        self._calls = 0
 
     def _start(self, policy: nn.Module) -> None:
         for key, value in _ENV_DEFAULTS.items():
@@ -129,11 +128,10 @@ class VLLMEngine(RolloutEngine):
             top_k=sampling.top_k,
             max_tokens=sampling.max_new_tokens,
             stop_token_ids=stops,
-            seed=sampling.seed + self._calls if self._seed_requests else None,
+            seed=self.seed_for(sampling) if self._seed_requests else None,
             detokenize=False,
             logprobs=0,  # the sampled token's log-prob, for diagnostics and the weight-sync test
         )
-        self._calls += 1
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids], params,
                                     use_tqdm=False)
         return [

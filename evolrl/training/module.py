@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 import lightning as L
@@ -88,7 +88,12 @@ class EvolRLModule(L.LightningModule):
         trust_remote_code: bool = False,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["reward"])
+        # Plain values only, so checkpoints load with torch.load(weights_only=True).
+        self.save_hyperparameters({
+            "model": model, "loss": asdict(loss), "optim": asdict(optim), "mini_batch_size": mini_batch_size,
+            "micro_batch_size": micro_batch_size, "temperature": temperature, "dtype": dtype,
+            "gradient_checkpointing": gradient_checkpointing, "logprob_chunk_size": logprob_chunk_size,
+        })
         self.automatic_optimization = False
         self.model_name = model
         self.reward = reward if reward is not None else EvolReward()
@@ -104,6 +109,7 @@ class EvolRLModule(L.LightningModule):
         self.policy = None
         self.__dict__["reference"] = None  # see configure_model
         self.weights_pushed = 0
+        self._engine_loaded = False
         self.skipped_steps = 0
         self.steps_seen = 0
         self.steps_without_signal = 0
@@ -125,25 +131,57 @@ class EvolRLModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def _total_optimizer_steps(self) -> int:
-        if self.trainer.max_steps and self.trainer.max_steps > 0:
-            return self.trainer.max_steps
-        data = self.trainer.datamodule
+        """Optimizer steps in the whole run, for the schedule.
+
+        Counted from the data module rather than with ``trainer.estimated_stepping_batches``, which
+        builds the train loader before a checkpoint's loader position is restored, and so loses it.
+        """
+        trainer, data = self.trainer, self.trainer.datamodule
+        if trainer.max_steps and trainer.max_steps > 0:
+            return trainer.max_steps
+        batches = len(data.train_items) // data.prompts_per_step
+        limit = trainer.limit_train_batches
+        batches = min(batches, int(limit)) if isinstance(limit, int) else int(batches * (limit or 1.0))
         per_step = -(-data.prompts_per_step * data.trained_samples // self.mini_batch_size)
-        return max(1, int(self.trainer.estimated_stepping_batches) * per_step)
+        return max(1, batches * max(1, trainer.max_epochs or 1) * per_step)
 
     @property
     def engine(self):
         return self.trainer.datamodule.engine
 
-    def push_weights(self) -> None:
-        """Hand the current weights to the rollout engine (version ``weights_pushed``)."""
-        self.engine.load_weights(self.policy)
-        self.weights_pushed += 1
+    def push_weights(self, new_version: bool = True) -> None:
+        """Hand the current weights to the rollout engine as version ``weights_pushed - 1``.
+
+        ``new_version=False`` re-sends the current version (a resumed run, or evaluation only).
+        """
+        if new_version or self.weights_pushed == 0:
+            self.weights_pushed += 1
+        self.engine.load_weights(self.policy, version=self.weights_pushed - 1)
+        self._engine_loaded = True
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["evolrl"] = {
+            "weights_pushed": self.weights_pushed,
+            "skipped_steps": self.skipped_steps,
+            "steps_seen": self.steps_seen,
+            "steps_without_signal": self.steps_without_signal,
+            "torch_rng_state": torch.get_rng_state(),  # dropout in the policy, if any
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        state = checkpoint.get("evolrl")
+        if state is None:
+            return
+        self.weights_pushed = state["weights_pushed"]
+        self.skipped_steps = state["skipped_steps"]
+        self.steps_seen = state["steps_seen"]
+        self.steps_without_signal = state["steps_without_signal"]
+        torch.set_rng_state(state["torch_rng_state"])
 
     def on_fit_start(self) -> None:
         if self.reference is not None:
             self.reference.to(self.device)
-        self.push_weights()
+        self.push_weights(new_version=False)  # version 0, or the resumed checkpoint's version
 
 
     # ---- one training step --------------------------------------------------------------
@@ -185,8 +223,8 @@ class EvolRLModule(L.LightningModule):
 
     # ---- evaluation ---------------------------------------------------------------------
     def on_validation_start(self) -> None:
-        if self.weights_pushed == 0:  # `validate`/`test` without `fit`
-            self.push_weights()
+        if not self._engine_loaded:  # `validate`/`test` without `fit`
+            self.push_weights(new_version=False)
 
     on_test_start = on_validation_start
 

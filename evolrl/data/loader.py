@@ -1,0 +1,55 @@
+"""A resumable loader of prompt batches.
+
+Each pass shuffles the prompts from ``seed + epoch``; ``state_dict`` records the epoch and how
+many batches were handed out, and Lightning stores it in every checkpoint, so a resumed run
+continues with exactly the batches the interrupted one would have seen next (mid-epoch or at
+an epoch boundary). No worker processes: a batch is only a request for rollouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+
+class PromptLoader:
+    """Batches of ``batch_size`` items, each turned into a request by ``make_batch``; last partial batch dropped."""
+
+    def __init__(self, items: Sequence[Any], batch_size: int, make_batch: Callable[[list[Any]], Any],
+                 shuffle: bool = True, seed: int = 0) -> None:
+        self.items = items
+        self.batch_size = batch_size
+        self.make_batch = make_batch
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = -1  # epoch of the current (or last) pass
+        self.position = 0  # batches handed out in that pass
+        self._resuming = False
+
+    def __len__(self) -> int:
+        return len(self.items) // self.batch_size
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.items)))
+        return torch.randperm(len(self.items), generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+
+    def __iter__(self) -> Iterator[Any]:
+        if not self._resuming or self.position >= len(self):
+            self.epoch += 1
+            self.position = 0
+        self._resuming = False
+        order = self._order()
+        while self.position < len(self):
+            start = self.position * self.batch_size
+            self.position += 1
+            yield self.make_batch([self.items[i] for i in order[start : start + self.batch_size]])
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = state["epoch"], state["position"]
+        self._resuming = True
