@@ -183,7 +183,6 @@ class EvolRLModule(L.LightningModule):
             self.reference.to(self.device)
         self.push_weights(new_version=False)  # version 0, or the resumed checkpoint's version
 
-
     # ---- one training step --------------------------------------------------------------
     def training_step(self, request: RolloutRequest, batch_idx: int) -> dict:
         t0 = time.perf_counter()
@@ -289,13 +288,13 @@ class EvolRLModule(L.LightningModule):
         sums: dict[str, float] = {}
         plan = self._plan(len(seqs))
         index = -1  # position in the flattened plan, matching old_logp / ref_logp
-        for micro in plan:
-            mb_start, mb_stop = micro[0][0], micro[-1][1]
+        for minibatch in plan:
+            mb_start, mb_stop = minibatch[0][0], minibatch[-1][1]
             mask = seqs.response_mask[mb_start:mb_stop]
             # Fixed before the micro-batch loop: accumulation does not change the loss.
             normalizer = float(mask.sum()) if cfg.aggregation == "token_mean" else float(mb_stop - mb_start)
             parts: dict[str, float] = {}
-            for start, stop in micro:
+            for start, stop in minibatch:
                 index += 1
                 part = seqs.slice(start, stop)
                 logp, entropy = self._forward(self.policy, part)
