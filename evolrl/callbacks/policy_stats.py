@@ -30,4 +30,4 @@ class PolicyStats(TrainViewCallback):
                            batch_size=size)
         epoch_prefix = self.prefix.rstrip("/") + "_epoch/"
         pl_module.log_dict({epoch_prefix + k: v for k, v in stats.items()}, on_step=False, on_epoch=True,
-                           batch_size=size)
+                           batch_size=size, sync_dist=True)

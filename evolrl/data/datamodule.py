@@ -132,10 +132,11 @@ class RolloutDataModule(L.LightningDataModule):
         self.engine.setup(self.tokenizer)
         self.train_items, self.dropped_prompts = self._encode(self.source.load(), "training")
         self.eval_items = [self._encode(s.load(), f"evaluation set {s.name!r}")[0] for s in self.eval_sets]
-        if len(self.train_items) < self.prompts_per_step:
+        world = self.trainer.world_size if self.trainer is not None else 1
+        if len(self.train_items) < self.prompts_per_step * world:
             raise DataError(
-                f"{len(self.train_items)} usable prompts but prompts_per_step={self.prompts_per_step}: "
-                "add prompts or lower prompts_per_step"
+                f"{len(self.train_items)} usable prompts but prompts_per_step={self.prompts_per_step} on each of "
+                f"{world} ranks: add prompts or lower prompts_per_step"
             )
 
     def _encode(self, prompts: list[Prompt], what: str) -> tuple[list[tuple[Prompt, tuple[int, ...]]], int]:
@@ -152,8 +153,10 @@ class RolloutDataModule(L.LightningDataModule):
         # Every step has P full groups (the last partial batch is dropped); the loader's position is
         # part of each checkpoint, so a resumed run sees the same next batches.
         if self._train_loader is None:
+            trainer = self.trainer
+            rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
             self._train_loader = PromptLoader(self.train_items, self.prompts_per_step, self._request, self.shuffle,
-                                              self.seed)
+                                              self.seed, rank, world)
         return self._train_loader
 
     def _eval_loaders(self) -> list[DataLoader]:

@@ -15,21 +15,27 @@ import torch
 
 
 class PromptLoader:
-    """Batches of ``batch_size`` items, each turned into a request by ``make_batch``; last partial batch dropped."""
+    """Batches of ``batch_size`` items, each turned into a request by ``make_batch``; last partial batch dropped.
+
+    With ``world_size > 1`` every rank gets its own disjoint batches of the same shuffled order (so a
+    prompt's whole group stays on one rank) and all ranks take the same number of steps.
+    """
 
     def __init__(self, items: Sequence[Any], batch_size: int, make_batch: Callable[[list[Any]], Any],
-                 shuffle: bool = True, seed: int = 0) -> None:
+                 shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
         self.items = items
         self.batch_size = batch_size
         self.make_batch = make_batch
         self.shuffle = shuffle
         self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
         self.epoch = -1  # epoch of the current (or last) pass
         self.position = 0  # batches handed out in that pass
         self._resuming = False
 
     def __len__(self) -> int:
-        return len(self.items) // self.batch_size
+        return len(self.items) // (self.batch_size * self.world_size)
 
     def _order(self) -> list[int]:
         if not self.shuffle:
@@ -43,7 +49,7 @@ class PromptLoader:
         self._resuming = False
         order = self._order()
         while self.position < len(self):
-            start = self.position * self.batch_size
+            start = (self.position * self.world_size + self.rank) * self.batch_size
             self.position += 1
             yield self.make_batch([self.items[i] for i in order[start : start + self.batch_size]])
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from evolrl.rollout.engine import RolloutEngine, Sampling, build_group
+from evolrl.distributed import world_size
 from evolrl.types import Prompt, ResponseGroup
 
 
@@ -59,6 +60,7 @@ class HFEngine(RolloutEngine):
                         num_return_sequences=sampling.n,
                         eos_token_id=stops,
                         pad_token_id=pad,
+                        synced_gpus=world_size() > 1,  # sharded (FSDP) ranks must forward in lockstep
                     )[:, width:].tolist()  # [len(chunk) * n, new tokens], prompt-major
                     for i, ids in enumerate(chunk):
                         responses = out[i * sampling.n : (i + 1) * sampling.n]

@@ -31,6 +31,7 @@ from evolrl.callbacks import LabelFreeDiagnostics, PassAtK, PolicyStats, SampleL
 from evolrl.metrics.grading import grade
 from evolrl.models import load_policy
 from evolrl.rewards import EvolReward, Reward
+from evolrl.distributed import global_sum, shard
 from evolrl.training.optim import Optimization, build_optimizer
 from evolrl.training.sequences import Sequences, pack
 
@@ -124,6 +125,10 @@ class EvolRLModule(L.LightningModule):
         if self.loss_cfg.kl_coef > 0:
             # Kept out of the module tree: frozen, in eval mode, and not part of checkpoints.
             self.__dict__["reference"] = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        if self.device_mesh is not None:  # ModelParallelStrategy: FSDP2 over the data-parallel ranks
+            shard(self.policy, self.device_mesh["data_parallel"])
+            if self.reference is not None:
+                shard(self.reference, self.device_mesh["data_parallel"])
 
     def configure_optimizers(self):
         total = self._total_optimizer_steps()
@@ -291,8 +296,10 @@ class EvolRLModule(L.LightningModule):
         for minibatch in plan:
             mb_start, mb_stop = minibatch[0][0], minibatch[-1][1]
             mask = seqs.response_mask[mb_start:mb_stop]
-            # Fixed before the micro-batch loop: accumulation does not change the loss.
-            normalizer = float(mask.sum()) if cfg.aggregation == "token_mean" else float(mb_stop - mb_start)
+            # Fixed before the micro-batch loop: accumulation does not change the loss. Across ranks it is the
+            # global count, scaled by the world size because data-parallel gradients are averaged.
+            local = mask.sum() if cfg.aggregation == "token_mean" else torch.tensor(mb_stop - mb_start)
+            normalizer = global_sum(local.float()) / self.trainer.world_size
             parts: dict[str, float] = {}
             for start, stop in minibatch:
                 index += 1
@@ -316,6 +323,7 @@ class EvolRLModule(L.LightningModule):
                 for name, value in terms.items():
                     parts[name] = parts.get(name, 0.0) + float(value.detach())
             grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.optim_cfg.max_grad_norm)
+            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP2
             if torch.isfinite(grad_norm):
                 opt.step()
                 sched.step()
