@@ -25,15 +25,15 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from evolrl.algorithms import aggregate, clipped_surrogate, group_advantages, logprobs_and_entropy, low_var_kl
+from evolrl.algorithms import aggregate, clipped_surrogate, group_advantages, low_var_kl
 from evolrl.data.datamodule import RolloutRequest
 from evolrl.callbacks import LabelFreeDiagnostics, PassAtK, PolicyStats, SampleLogger
-from evolrl.metrics.grading import grade
 from evolrl.models import load_policy
 from evolrl.rewards import EvolReward, Reward
 from evolrl.distributed import global_sum, shard
-from evolrl.training.optim import Optimization, build_optimizer
-from evolrl.training.sequences import Sequences, pack
+from evolrl.training.evaluation import EvaluationSteps
+from evolrl.training.optim import Optimization, build_optimizer, total_optimizer_steps
+from evolrl.training.sequences import Sequences, micro_batch_plan, pack, sequence_logprobs
 
 
 @dataclass
@@ -56,7 +56,7 @@ class GRPOLoss:
     """Divide advantages by the group's std (GRPO); ``false`` is Dr. GRPO."""
 
 
-class EvolRLModule(L.LightningModule):
+class EvolRLModule(EvaluationSteps, L.LightningModule):
     """GRPO on a Hugging Face causal LM with a pluggable reward.
 
     Args:
@@ -131,24 +131,9 @@ class EvolRLModule(L.LightningModule):
                 shard(self.reference, self.device_mesh["data_parallel"])
 
     def configure_optimizers(self):
-        total = self._total_optimizer_steps()
+        total = total_optimizer_steps(self.trainer, self.trainer.datamodule, self.mini_batch_size)
         optimizer, scheduler = build_optimizer(list(self.policy.parameters()), self.optim_cfg, total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def _total_optimizer_steps(self) -> int:
-        """Optimizer steps in the whole run, for the schedule.
-
-        Counted from the data module rather than with ``trainer.estimated_stepping_batches``, which
-        builds the train loader before a checkpoint's loader position is restored, and so loses it.
-        """
-        trainer, data = self.trainer, self.trainer.datamodule
-        if trainer.max_steps and trainer.max_steps > 0:
-            return trainer.max_steps
-        batches = len(data.train_items) // data.prompts_per_step
-        limit = trainer.limit_train_batches
-        batches = min(batches, int(limit)) if isinstance(limit, int) else int(batches * (limit or 1.0))
-        per_step = -(-data.prompts_per_step * data.trained_samples // self.mini_batch_size)
-        return max(1, batches * max(1, trainer.max_epochs or 1) * per_step)
 
     @property
     def engine(self):
@@ -225,27 +210,6 @@ class EvolRLModule(L.LightningModule):
         self.log_dict(bar, prog_bar=True, logger=False, on_step=True, batch_size=len(seqs))
         return {"rollouts": rollouts, "rewards": scored, "stats": stats}
 
-    # ---- evaluation ---------------------------------------------------------------------
-    def on_validation_start(self) -> None:
-        if not self._engine_loaded:  # `validate`/`test` without `fit`
-            self.push_weights(new_version=False)
-
-    on_test_start = on_validation_start
-
-    def validation_step(self, request: RolloutRequest, batch_idx: int, dataloader_idx: int = 0) -> dict:
-        """Sample the evaluation responses and grade them; ``PassAtK`` turns them into pass@k / maj@k."""
-        rollouts = request.sample()
-        graded = [[grade(text, group.prompt.answer, request.grader) for text in group.texts]
-                  for group in rollouts.groups]
-        return {
-            "dataset": request.dataset,
-            "answers": [[a for a, _ in row] for row in graded],
-            "correct": [[c for _, c in row] for row in graded],
-            "rollouts": rollouts,
-        }
-
-    test_step = validation_step
-
     def configure_callbacks(self):
         """evolrl's metric callbacks, unless the trainer was given its own of the same kind."""
         have = {type(c) for c in self.trainer.callbacks}
@@ -264,17 +228,10 @@ class EvolRLModule(L.LightningModule):
             )
 
     def _forward(self, model, seqs: Sequences) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = model(input_ids=seqs.input_ids, attention_mask=seqs.attention_mask, use_cache=False).logits
-        return logprobs_and_entropy(logits[:, :-1], seqs.input_ids[:, 1:], self.temperature, self.logprob_chunk_size)
+        return sequence_logprobs(model, seqs, self.temperature, self.logprob_chunk_size)
 
     def _plan(self, n: int) -> list[list[tuple[int, int]]]:
-        """Row ranges of each micro-batch, grouped by mini-batch (one optimizer step each)."""
-        return [
-            [(start, min(start + self.micro_batch_size, mb_stop)) for start in range(mb_start, mb_stop,
-                                                                                  self.micro_batch_size)]
-            for mb_start in range(0, n, self.mini_batch_size)
-            for mb_stop in [min(mb_start + self.mini_batch_size, n)]
-        ]
+        return micro_batch_plan(n, self.mini_batch_size, self.micro_batch_size)
 
     @torch.no_grad()
     def _reference_logprobs(self, seqs: Sequences) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:

@@ -46,3 +46,18 @@ def build_optimizer(params: list[nn.Parameter], cfg: Optimization, total_steps: 
         optimizer, lambda step: warmup_cosine(step, total_steps, cfg.warmup_ratio, cfg.min_lr_ratio)
     )
     return optimizer, scheduler
+
+
+def total_optimizer_steps(trainer, data, mini_batch_size: int) -> int:
+    """Optimizer steps in the whole run, for the schedule.
+
+    Counted from the data module rather than with ``trainer.estimated_stepping_batches``, which
+    builds the train loader before a checkpoint's loader position is restored, and so loses it.
+    """
+    if trainer.max_steps and trainer.max_steps > 0:
+        return trainer.max_steps
+    batches = len(data.train_items) // (data.prompts_per_step * trainer.world_size)
+    limit = trainer.limit_train_batches
+    batches = min(batches, int(limit)) if isinstance(limit, int) else int(batches * (limit or 1.0))
+    per_step = -(-data.prompts_per_step * data.trained_samples // mini_batch_size)
+    return max(1, batches * max(1, trainer.max_epochs or 1) * per_step)

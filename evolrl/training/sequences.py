@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from evolrl.algorithms.logprobs import logprobs_and_entropy
 from evolrl.types import RolloutBatch
 
 
@@ -61,3 +62,19 @@ def pack(rollouts: RolloutBatch, advantages: Tensor, pad_id: int) -> Sequences:
         attention[i, : len(row)] = 1
         response[i, start - 1 : len(row) - 1] = True  # logits at t predict token t + 1
     return Sequences(input_ids, attention, response, advantages.reshape(-1).float())
+
+
+def micro_batch_plan(n: int, mini_batch_size: int, micro_batch_size: int) -> list[list[tuple[int, int]]]:
+    """Row ranges ``(start, stop)`` of each micro-batch, grouped by mini-batch (one optimizer step each)."""
+    plan = []
+    for mb_start in range(0, n, mini_batch_size):
+        mb_stop = min(mb_start + mini_batch_size, n)
+        plan.append([(start, min(start + micro_batch_size, mb_stop))
+                     for start in range(mb_start, mb_stop, micro_batch_size)])
+    return plan
+
+
+def sequence_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int) -> tuple[Tensor, Tensor]:
+    """``(log-prob, entropy)`` of every next token, ``[N, T - 1]``, under ``softmax(logits / temperature)``."""
+    logits = model(input_ids=seqs.input_ids, attention_mask=seqs.attention_mask, use_cache=False).logits
+    return logprobs_and_entropy(logits[:, :-1], seqs.input_ids[:, 1:], temperature, chunk_size)
