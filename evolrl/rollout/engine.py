@@ -78,7 +78,7 @@ class RolloutEngine(ABC):
 
     def __init__(self) -> None:
         self.version = -1
-        """Number of weight hand-overs minus one: -1 before the first ``load_weights``."""
+        """Version of the weights the engine samples with (set by ``load_weights``); -1 before the first."""
         self.tokenizer: PreTrainedTokenizerBase | None = None
 
     def setup(self, tokenizer: PreTrainedTokenizerBase) -> None:
