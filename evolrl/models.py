@@ -74,4 +74,5 @@ def load_policy(name: str, dtype: str = "float32", trust_remote_code: bool = Fal
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.hf_quantizer = None
+        model.is_quantized = False  # dequantized: trainers that refuse quantized models must accept it
     return model

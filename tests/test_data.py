@@ -71,3 +71,27 @@ def test_too_few_prompts_for_a_step_is_a_clear_error(tiny_model):
                              vote_samples=2, trained_samples=2)
     with pytest.raises(DataError, match="3 usable prompts but prompts_per_step=4"):
         data.setup("fit")
+
+
+def test_the_engine_is_told_the_largest_call(tiny_model):
+    """The data module tells the engine its largest generate call (the vLLM engine sizes its KV cache by it)."""
+    from evolrl.data import EvalSet
+
+    engine = HFEngine()
+    data = RolloutDataModule(AdditionPrompts(count=8), model=tiny_model, engine=engine, prompts_per_step=2,
+                             vote_samples=4, trained_samples=2, max_new_tokens=10, max_prompt_tokens=300,
+                             eval_sets=[EvalSet(AdditionPrompts(count=4), "add")], eval_samples=8,
+                             eval_prompts_per_batch=3, eval_max_new_tokens=20)
+    data.setup("fit")
+    assert (engine.max_sequences, engine.max_tokens) == (3 * 8, 300 + 20)
+
+
+def test_kv_cache_is_sized_for_that_call(tiny_model):
+    import torch
+    from transformers import AutoConfig
+
+    from evolrl.rollout.vllm_engine import kv_cache_bytes
+
+    config = AutoConfig.from_pretrained(tiny_model)  # 2 layers, 2 KV heads of 32
+    per_token = 2 * 2 * 2 * 32 * 2  # K and V, layers, heads, head dim, bf16 bytes
+    assert kv_cache_bytes(config, 24, 70, torch.bfloat16) == 24 * (70 + 16) * per_token

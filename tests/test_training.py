@@ -377,3 +377,25 @@ def test_resume_gives_the_same_next_steps(tmp_path, tiny_model):
         assert resumed.losses == full.losses[step:]
         final, expected = module.policy.state_dict(), full_module.policy.state_dict()
         assert all(torch.equal(final[k], expected[k]) for k in expected)
+
+
+def test_response_only_logits_match_the_full_forward(tiny_model):
+    """sequence_logprobs computes logits from the first response token on; the values are those of a full pass."""
+    from evolrl.algorithms import logprobs_and_entropy
+    from evolrl.training.sequences import Sequences, sequence_logprobs
+
+    policy = load_policy(tiny_model)
+    torch.manual_seed(0)
+    ids = torch.randint(3, policy.config.vocab_size, (3, 12))
+    attention = torch.ones_like(ids)
+    attention[2, 9:] = 0  # a shorter row, right-padded
+    response = torch.zeros(3, 11, dtype=torch.bool)
+    response[0, 4:], response[1, 6:], response[2, 5:8] = True, True, True  # prompts of 5, 7 and 6 tokens
+    seqs = Sequences(ids, attention, response, torch.zeros(3))
+    logp, entropy = sequence_logprobs(policy, seqs, 0.7, chunk_size=5)
+    full = policy(input_ids=ids, attention_mask=attention).logits
+    ref_logp, ref_entropy = logprobs_and_entropy(full[:, :-1], ids[:, 1:], 0.7)
+    assert logp.shape == entropy.shape == (3, 11)
+    torch.testing.assert_close(logp[response], ref_logp[response], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy[response], ref_entropy[response], rtol=1e-5, atol=1e-5)
+    assert (logp[:, :4] == 0).all()  # before the first response position: not computed

@@ -129,7 +129,12 @@ class RolloutDataModule(L.LightningDataModule):
         if not self.model:
             raise ValueError("RolloutDataModule needs the policy's model string (data.model, linked to model.model)")
         self.tokenizer = load_tokenizer(self.model, self.trust_remote_code)
-        self.engine.setup(self.tokenizer)
+        self.engine.setup(
+            self.tokenizer,
+            max_sequences=max(self.prompts_per_step * self.sampling.n,
+                              self.eval_prompts_per_batch * self.eval_sampling.n if self.eval_sets else 0),
+            max_tokens=self.max_prompt_tokens + max(self.sampling.max_new_tokens, self.eval_sampling.max_new_tokens),
+        )
         self.train_items, self.dropped_prompts = self._encode(self.source.load(), "training")
         self.eval_items = [self._encode(s.load(), f"evaluation set {s.name!r}")[0] for s in self.eval_sets]
         world = self.trainer.world_size if self.trainer is not None else 1

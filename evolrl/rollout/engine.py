@@ -80,10 +80,17 @@ class RolloutEngine(ABC):
         self.version = -1
         """Version of the weights the engine samples with (set by ``load_weights``); -1 before the first."""
         self.tokenizer: PreTrainedTokenizerBase | None = None
+        self.max_sequences: int | None = None
+        """Most sequences one ``generate`` call holds at once (prompts x n), when the data module says."""
+        self.max_tokens: int | None = None
+        """Longest prompt + response, when the data module says."""
 
-    def setup(self, tokenizer: PreTrainedTokenizerBase) -> None:
-        """Called once by the data module with the policy's tokenizer."""
+    def setup(self, tokenizer: PreTrainedTokenizerBase, max_sequences: int | None = None,
+              max_tokens: int | None = None) -> None:
+        """Called once by the data module with the policy's tokenizer and the largest call it will make."""
         self.tokenizer = tokenizer
+        self.max_sequences = max_sequences
+        self.max_tokens = max_tokens
 
     @abstractmethod
     def generate(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -26,14 +26,32 @@ _ENV_DEFAULTS = {
 }
 
 
-def full_state_dict(policy: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The policy's parameters and buffers as full (unsharded) tensors in ``dtype``."""
-    state = {}
+def full_tensors(policy: nn.Module, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """The policy's parameters and buffers as full (unsharded) tensors in ``dtype``, one at a time.
+
+    Under FSDP2 each ``full_tensor`` is a collective: every rank must consume the whole iterator.
+    """
     for name, tensor in policy.state_dict().items():
         if hasattr(tensor, "full_tensor"):  # an FSDP2 DTensor shard
             tensor = tensor.full_tensor()
-        state[name] = tensor.detach().to(dtype)
-    return state
+        yield name, tensor.detach().to(dtype)
+
+
+def full_state_dict(policy: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """:func:`full_tensors` as a dict."""
+    return dict(full_tensors(policy, dtype))
+
+
+def kv_cache_bytes(config, sequences: int, tokens: int, dtype: torch.dtype) -> int | None:
+    """KV-cache bytes for ``sequences`` of ``tokens`` each (plus a block of slack), for standard attention."""
+    heads = getattr(config, "num_attention_heads", None)
+    layers = getattr(config, "num_hidden_layers", None)
+    if not heads or not layers:
+        return None
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    per_token = 2 * layers * kv_heads * head_dim * dtype.itemsize
+    return sequences * (tokens + 16) * per_token
 
 
 class VLLMEngine(RolloutEngine):
@@ -42,9 +60,10 @@ class VLLMEngine(RolloutEngine):
     Args:
         dtype: Engine weights dtype (``bfloat16`` on GPU and on CPU).
         gpu_memory_utilization: Fraction of GPU memory vLLM may take (weights + KV cache).
-        kv_cache_gib: Fixed KV-cache size instead; the way to size it on the CPU backend, where
-            the fraction would count the trainer's own memory against vLLM.
-        max_model_len: Longest prompt + response; ``None``: the model's own limit.
+        kv_cache_gib: Fixed KV-cache size instead. ``None`` on the CPU backend (where the fraction
+            would count the trainer's own memory against vLLM): exactly what the data module's
+            largest call needs (prompts x n sequences of max prompt + response tokens).
+        max_model_len: Longest prompt + response; ``None``: what the data module asks for, else the model's limit.
         enforce_eager: Skip CUDA graph / compile capture (faster start, slower sampling on GPU).
         tensor_parallel_size: GPUs per engine.
         cpu_threads: On the CPU backend, cores to bind (e.g. ``0-1``); ``None`` leaves vLLM's default.
@@ -92,14 +111,17 @@ class VLLMEngine(RolloutEngine):
         policy.config.save_pretrained(self._config_dir.name)  # config only: weights come from the policy
         policy.generation_config.save_pretrained(self._config_dir.name)
         self._eos = getattr(policy.generation_config, "eos_token_id", None)
+        kv_bytes = None if self.kv_cache_gib is None else int(self.kv_cache_gib * 2**30)
+        if kv_bytes is None and not torch.cuda.is_available() and self.max_sequences and self.max_tokens:
+            kv_bytes = kv_cache_bytes(policy.config, self.max_sequences, self.max_tokens, getattr(torch, self.dtype))
         self.llm = LLM(
             model=self._config_dir.name,
             load_format="dummy",
             skip_tokenizer_init=True,
             dtype=self.dtype,
             gpu_memory_utilization=self.gpu_memory_utilization,
-            kv_cache_memory_bytes=None if self.kv_cache_gib is None else int(self.kv_cache_gib * 2**30),
-            max_model_len=self.max_model_len,
+            kv_cache_memory_bytes=kv_bytes,
+            max_model_len=self.max_model_len or self.max_tokens,
             enforce_eager=self.enforce_eager,
             tensor_parallel_size=self.tensor_parallel_size,
             seed=self.seed,
@@ -109,8 +131,9 @@ class VLLMEngine(RolloutEngine):
     def _load(self, policy: nn.Module) -> None:
         if self.llm is None:
             self._start(policy)
-        state = full_state_dict(policy, getattr(torch, self.dtype))
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items())})
+        # Streamed: one full tensor in flight at a time, never a second copy of the whole model.
+        weights = full_tensors(policy, getattr(torch, self.dtype))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
 
     def generate(
         self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]], sampling: Sampling

