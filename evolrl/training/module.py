@@ -264,7 +264,6 @@ class EvolRLModule(EvaluationSteps, L.LightningModule):
             # global count, scaled by the world size because data-parallel gradients are averaged.
             local = mask.sum() if cfg.aggregation == "token_mean" else torch.tensor(mb_stop - mb_start)
             normalizer = global_sum(local.float()) / self.trainer.world_size
-            parts: dict[str, torch.Tensor] = {}
             for start, stop in minibatch:
                 index += 1
                 part = seqs.slice(start, stop)
@@ -286,7 +285,7 @@ class EvolRLModule(EvaluationSteps, L.LightningModule):
                 terms["loss"] = loss
                 terms |= {f"{name}_frac": agg(flag.float()) for name, flag in clips.items()}
                 for name, value in terms.items():
-                    parts[name] = parts.get(name, 0.0) + value.detach().float()
+                    sums[name] = sums.get(name, 0.0) + value.detach().float()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.optim_cfg.max_grad_norm)
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP2
             if torch.isfinite(grad_norm):  # the one host sync per optimizer step
@@ -295,8 +294,6 @@ class EvolRLModule(EvaluationSteps, L.LightningModule):
             else:
                 self.skipped_steps += 1
             opt.zero_grad()
-            parts["grad_norm"] = grad_norm.detach().float()
-            for name, value in parts.items():
-                sums[name] = sums.get(name, 0.0) + value
+            sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm.detach().float()
         values = torch.stack(list(sums.values())).div(len(plan)).tolist()
         return dict(zip(sums, values))
