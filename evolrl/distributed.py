@@ -30,3 +30,12 @@ def global_sum(value: torch.Tensor) -> float:
         value = value.detach().clone()
         dist.all_reduce(value)
     return float(value)
+
+
+def gather_objects(value) -> list:
+    """``value`` from every rank, in rank order (``[value]`` when not distributed)."""
+    if world_size() == 1:
+        return [value]
+    out = [None] * world_size()
+    dist.all_gather_object(out, value)
+    return out

@@ -120,7 +120,7 @@ def test_all_responses_invalid_gives_zero_advantages_and_a_warning(tiny_model):
 
 
 def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    import fsspec.implementations.local as local
+    from fsspec.implementations import local
 
     trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=1, logger=False,
                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)

@@ -74,7 +74,8 @@ def test_too_few_prompts_for_a_step_is_a_clear_error(tiny_model):
 
 
 def test_the_engine_is_told_the_largest_call(tiny_model):
-    """The data module tells the engine its largest generate call (the vLLM engine sizes its KV cache by it)."""
+    """The data module tells the engine its largest generate call (the vLLM engine sizes its KV cache by it):
+    the most sequences at once and the longest prompt it will send plus the most new tokens."""
     from evolrl.data import EvalSet
 
     engine = HFEngine()
@@ -83,7 +84,9 @@ def test_the_engine_is_told_the_largest_call(tiny_model):
                              eval_sets=[EvalSet(AdditionPrompts(count=4), "add")], eval_samples=8,
                              eval_prompts_per_batch=3, eval_max_new_tokens=20)
     data.setup("fit")
-    assert (engine.max_sequences, engine.max_tokens) == (3 * 8, 300 + 20)
+    longest = max(len(ids) for items in (data.train_items, *data.eval_items) for _, ids in items)
+    assert longest < 300  # the prompts actually kept, not the limit, size the call
+    assert (engine.max_sequences, engine.max_tokens) == (3 * 8, longest + 20)
 
 
 def test_kv_cache_is_sized_for_that_call(tiny_model):

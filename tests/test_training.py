@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import glob
-import json
 import itertools
-import sys
+import json
 import re
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -239,7 +239,7 @@ def test_rollouts_are_sampled_with_the_latest_weights(tiny_model):
 
 def test_streamed_prompts_are_not_sampled_ahead(tiny_model):
     # An unsized loader makes Lightning fetch one batch ahead; the request is sampled only when trained on.
-    _, data, recorder = fit(tiny_model, steps=1.0, datamodule_cls=StreamingDataModule)
+    _, _, recorder = fit(tiny_model, steps=1.0, datamodule_cls=StreamingDataModule)
     assert recorder.versions == [0, 1, 2, 3]
 
 

@@ -7,7 +7,7 @@ handed to TRL as a reward function. Each (framework, repeat) runs in its own pro
 RSS is that framework's alone. Per framework the script prints the median step time (the first
 step of every run is warm-up and left out), tokens/s as verl counts them (prompt + response
 tokens trained on / step time / devices), peak RSS and the step split into sampling / reward /
-update (update = everything else in the step), then evolrl / TRL ratios. Two more checks:
+update (update = everything else in the step, including handing the new weights to the sampler), then evolrl / TRL ratios. Two more checks:
 the novelty reward's share of an EVOL-RL step at the demo settings, and the engine's sampling
 tokens/s against vLLM's own ``LLM.generate`` on the same prompts.
 
@@ -107,7 +107,8 @@ def run_evolrl(a: argparse.Namespace) -> dict:
                           for g, picks in zip(rollouts.groups, rollouts.trained.tolist()) for v in picks)
             timing = outputs["timing"]
             steps.append({"step": total, "sample": timing["sample"], "reward": timing["reward"],
-                          "update": total - timing["sample"] - timing["reward"], "tokens": trained})
+                          "update": total - timing["sample"] - timing["reward"], "sync": timing["sync"],
+                          "tokens": trained})
 
     evol = a.reward == "evol"
     group = a.group
@@ -240,7 +241,7 @@ def child(a: argparse.Namespace, framework: str, model: str, **overrides) -> dic
         out = Path(work) / "result.json"
         args = {**vars(a), "framework": framework, "model": model, "workdir": work, **overrides}
         cmd = [sys.executable, __file__, "--child", json.dumps(args), "--result", str(out)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
         if proc.returncode != 0:
             sys.exit(f"{framework} on {model} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
         return json.loads(out.read_text())
@@ -248,7 +249,7 @@ def child(a: argparse.Namespace, framework: str, model: str, **overrides) -> dic
 
 def summarize(runs: list[dict], devices: int) -> dict[str, float]:
     steps = [s for r in runs for s in r["steps"][1:]] or [s for r in runs for s in r["steps"]]
-    med = {k: statistics.median(s[k] for s in steps) for k in ("step", *PARTS)}
+    med = {k: statistics.median(s.get(k, 0.0) for s in steps) for k in ("step", *PARTS, "sync")}
     med["tok_s"] = statistics.median(s["tokens"] / s["step"] for s in steps) / devices
     med["rss"] = max(r["peak_rss_gib"] for r in runs)
     if "cuda_peak_gib" in runs[0]:
@@ -259,11 +260,11 @@ def summarize(runs: list[dict], devices: int) -> dict[str, float]:
 def table(rows: dict[str, dict[str, float]]) -> str:
     cuda = any("cuda" in r for r in rows.values())
     head = ["framework", "step s", "tokens/s", "peak RSS GiB", *(["GPU peak GiB"] if cuda else []),
-            "sample s", "reward s", "update s"]
+            "sample s", "reward s", "update s", "of it: weights to engine s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, m in rows.items():
         cells = [name, f"{m['step']:.2f}", f"{m['tok_s']:.0f}", f"{m['rss']:.2f}",
-                 *([f"{m.get('cuda', 0):.2f}"] if cuda else []), *(f"{m[k]:.2f}" for k in PARTS)]
+                 *([f"{m.get('cuda', 0):.2f}"] if cuda else []), *(f"{m[k]:.2f}" for k in (*PARTS, "sync"))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

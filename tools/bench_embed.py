@@ -18,9 +18,9 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
+import torch
 
-from evolrl.rewards import SentenceTransformerEmbedder, evol_rewards_batched  # noqa: E402
+from evolrl.rewards import SentenceTransformerEmbedder, evol_rewards_batched
 
 
 def synthetic_response(rng: random.Random, words: int) -> str:

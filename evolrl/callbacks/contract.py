@@ -59,6 +59,9 @@ class EvalView:
     """Whether each answer is right, ``[problems][n]``."""
     step: int | None = None
     """Training steps behind the evaluated weights (the x of the curves); ``None``: the trainer's global step."""
+    ids: Sequence[str] | None = None
+    """Problem ids, ``[problems]``: on several ranks a problem evaluated twice (the padding of Lightning's
+    distributed sampler) then counts once."""
 
 
 def evolrl_train_view(outputs: Mapping[str, Any], batch: Any) -> TrainView | None:
@@ -82,7 +85,8 @@ def evolrl_eval_view(outputs: Mapping[str, Any], batch: Any) -> EvalView | None:
         return None
     rollouts = outputs.get("rollouts")
     return EvalView(outputs["dataset"], outputs["answers"], outputs["correct"],
-                    rollouts.weights_version if rollouts is not None else None)
+                    rollouts.weights_version if rollouts is not None else None,
+                    [p.id for p in rollouts.prompts] if rollouts is not None else None)
 
 
 class TrainViewCallback(L.Callback):

@@ -12,6 +12,7 @@ from typing import Any
 import lightning as L
 
 from evolrl.callbacks.contract import EvalView, evolrl_eval_view
+from evolrl.distributed import gather_objects
 from evolrl.metrics import maj_at_k, pass_at_k
 
 
@@ -19,7 +20,8 @@ class PassAtK(L.Callback):
     """Logs ``{stage}/{dataset}/pass@k`` and ``maj@k``, averaged over each data set's problems.
 
     pass@k is the unbiased estimator; maj@k the exact expected majority-vote accuracy of k of
-    the n samples. With ``output_dir``, each epoch's table is also written to
+    the n samples. On several ranks every rank's problems are gathered first (each problem counted
+    once, by its id), and all ranks report the same table. With ``output_dir``, each epoch's table is also written to
     ``{output_dir}/{stage}_metrics.json`` and ``.csv``. The logging step is the view's ``step`` (the
     training steps behind the evaluated weights; a sanity check before training is step 0), or the
     trainer's ``global_step`` when the view has none.
@@ -42,19 +44,36 @@ class PassAtK(L.Callback):
         self.maj_ks = tuple(maj_ks)
         self.extract = extract
         self.output_dir = output_dir
-        self.samples: dict[str, list[tuple[Sequence[str | None], Sequence[bool]]]] = defaultdict(list)
+        # dataset -> problem key (its id, or its position when the view has no ids) -> (answers, correct)
+        self.samples: dict[str, dict[Any, tuple[Sequence[str | None], Sequence[bool]]]] = defaultdict(dict)
         self.step: int | None = None
+        self.table: dict[str, dict[str, float]] = {}
+        """The last reported table (as :meth:`scores` returns it)."""
 
-    def _collect(self, outputs, batch) -> None:
+    def _collect(self, trainer, outputs, batch) -> None:
         view = self.extract(outputs, batch)
         if view is not None:
-            self.samples[view.dataset].extend(zip(view.answers, view.correct))
+            problems = self.samples[view.dataset]
+            keys = view.ids if view.ids is not None else [
+                (trainer.global_rank, len(problems) + i) for i in range(len(view.answers))]
+            for key, answers, correct in zip(keys, view.answers, view.correct):
+                problems.setdefault(key, (list(answers), list(correct)))
             self.step = view.step
+
+    def _gather(self) -> None:
+        """Every rank's problems on every rank (a problem seen on two ranks is kept once)."""
+        merged: dict[str, dict] = defaultdict(dict)
+        for samples in gather_objects(dict(self.samples)):
+            for dataset, problems in samples.items():
+                for key, value in problems.items():
+                    merged[dataset].setdefault(key, value)
+        self.samples = merged
 
     def scores(self) -> dict[str, dict[str, float]]:
         """``{dataset: {"pass@1": ..., "maj@16": ..., "problems": ..., "samples": ...}}`` so far."""
         table = {}
-        for dataset, problems in self.samples.items():
+        for dataset, by_key in self.samples.items():
+            problems = list(by_key.values())
             row: dict[str, float] = {"problems": len(problems), "samples": min(len(a) for a, _ in problems)}
             for k in self.pass_ks:
                 if k <= row["samples"]:
@@ -66,7 +85,8 @@ class PassAtK(L.Callback):
         return table
 
     def _report(self, trainer, pl_module, stage: str) -> None:
-        table = self.scores()
+        self._gather()
+        table = self.table = self.scores()
         self.samples.clear()
         metrics = {f"{stage}/{dataset}/{name}": value for dataset, row in table.items() for name, value in row.items()
                    if "@" in name}
@@ -97,10 +117,10 @@ class PassAtK(L.Callback):
     on_test_epoch_start = on_validation_epoch_start
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._collect(outputs, batch)
+        self._collect(trainer, outputs, batch)
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._collect(outputs, batch)
+        self._collect(trainer, outputs, batch)
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         self._report(trainer, pl_module, "val")

@@ -22,9 +22,9 @@ from torch.utils.data import DataLoader
 from evolrl.data.chat import PAPER_SYSTEM_PROMPT, render_prompt
 from evolrl.data.loader import PromptLoader
 from evolrl.data.sources import DataError, EvalSet, PromptSource
+from evolrl.models import load_tokenizer
 from evolrl.rollout.engine import RolloutEngine, Sampling
 from evolrl.rollout.vllm_engine import VLLMEngine
-from evolrl.models import load_tokenizer
 from evolrl.types import Prompt, RolloutBatch
 
 
@@ -129,12 +129,6 @@ class RolloutDataModule(L.LightningDataModule):
         if not self.model:
             raise ValueError("RolloutDataModule needs the policy's model string (data.model, linked to model.model)")
         self.tokenizer = load_tokenizer(self.model, self.trust_remote_code)
-        self.engine.setup(
-            self.tokenizer,
-            max_sequences=max(self.prompts_per_step * self.sampling.n,
-                              self.eval_prompts_per_batch * self.eval_sampling.n if self.eval_sets else 0),
-            max_tokens=self.max_prompt_tokens + max(self.sampling.max_new_tokens, self.eval_sampling.max_new_tokens),
-        )
         self.train_items, self.dropped_prompts = self._encode(self.source.load(), "training")
         self.eval_items = [self._encode(s.load(), f"evaluation set {s.name!r}")[0] for s in self.eval_sets]
         world = self.trainer.world_size if self.trainer is not None else 1
@@ -143,6 +137,14 @@ class RolloutDataModule(L.LightningDataModule):
                 f"{len(self.train_items)} usable prompts but prompts_per_step={self.prompts_per_step} on each of "
                 f"{world} ranks: add prompts or lower prompts_per_step"
             )
+        longest_prompt = max(len(ids) for items in (self.train_items, *self.eval_items) for _, ids in items)
+        self.engine.setup(
+            self.tokenizer,
+            max_sequences=max(self.prompts_per_step * self.sampling.n,
+                              self.eval_prompts_per_batch * self.eval_sampling.n if self.eval_sets else 0),
+            max_tokens=longest_prompt + max(self.sampling.max_new_tokens, self.eval_sampling.max_new_tokens),
+            stream=self.trainer.global_rank if self.trainer is not None else 0,
+        )
 
     def _encode(self, prompts: list[Prompt], what: str) -> tuple[list[tuple[Prompt, tuple[int, ...]]], int]:
         """Rendered, tokenized prompts within ``max_prompt_tokens``, and how many were dropped (with a warning)."""

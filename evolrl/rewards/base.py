@@ -15,7 +15,14 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from evolrl.rewards.answers import VALID_RULES, ValidRule, extract_answer, final_part, is_valid_response, strip_last_boxed
+from evolrl.rewards.answers import (
+    VALID_RULES,
+    ValidRule,
+    extract_answer,
+    final_part,
+    is_valid_response,
+    strip_last_boxed,
+)
 from evolrl.rewards.embedders import Embedder, SentenceTransformerEmbedder
 from evolrl.rewards.majority import group_answers, majority_class
 from evolrl.rewards.novelty import band_rewards, novelty_scores

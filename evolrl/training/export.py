@@ -8,26 +8,36 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from lightning.fabric.utilities.load import _METADATA_FILENAME, _load_distributed_checkpoint
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from evolrl.models import load_tokenizer, resolve_model
+
+
+def load_full_checkpoint(checkpoint: str) -> dict:
+    """A checkpoint file, or a sharded checkpoint directory gathered into one, as a dict of full tensors."""
+    path = Path(checkpoint)
+    if path.is_dir():
+        if not (path / _METADATA_FILENAME).is_file():
+            raise FileNotFoundError(f"{checkpoint!r} is a directory but not a sharded checkpoint (no {_METADATA_FILENAME})")
+        return _load_distributed_checkpoint(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {checkpoint!r} does not exist")
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def export_checkpoint(checkpoint: str, out_dir: str, model: str | None = None, dtype: str = "bfloat16") -> Path:
     """Write the policy of a Lightning ``checkpoint`` to ``out_dir``.
 
     Args:
-        checkpoint: A ``.ckpt`` written by ``python -m evolrl fit``.
+        checkpoint: A ``.ckpt`` file written by ``python -m evolrl fit``, or the directory a run on several
+            devices writes (ModelParallelStrategy's sharded checkpoint: one shard per rank + ``meta.pt``).
         out_dir: Target directory (created).
         model: The base model string, for the architecture and tokenizer; default: the one the
             checkpoint was trained from (its ``model`` hyperparameter).
         dtype: Dtype of the saved weights.
     """
-    path = Path(checkpoint)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {checkpoint!r} does not exist")
-    # A Lightning checkpoint stores the run's hyperparameters as Python objects: your own file, so trusted.
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    ckpt = load_full_checkpoint(checkpoint)
     model = model or ckpt.get("hyper_parameters", {}).get("model")
     if not model:
         raise ValueError(f"{checkpoint}: no `model` hyperparameter; pass the base model explicitly")
