@@ -53,3 +53,21 @@ def test_check_embeddings_rejects_wrong_count_and_unnormalized():
         check_embeddings(torch.ones(2, 4) / 2, 3)
     with pytest.raises(EmbedderError, match="not L2-normalized"):
         check_embeddings(torch.ones(2, 4), 2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU case is the next test")
+def test_default_device_without_a_gpu_is_the_cpu():
+    embedder = SentenceTransformerEmbedder()
+    assert embedder.embed(["hello"]).shape == (1, 384)
+    assert embedder.model.device.type == "cpu"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_default_device_is_this_process_gpu():
+    """On several ranks each embedder sits on its own rank's GPU (Lightning sets the current device)."""
+    last = torch.cuda.device_count() - 1
+    torch.cuda.set_device(last)
+    embedder = SentenceTransformerEmbedder()
+    embedder.embed(["hello"])
+    assert embedder.model.device == torch.device("cuda", last)

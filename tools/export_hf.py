@@ -13,7 +13,8 @@ from evolrl.training.export import export_checkpoint
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="a .ckpt written by `python -m evolrl fit`")
+    parser.add_argument("checkpoint", help="a .ckpt written by `python -m evolrl fit` (a file, or the directory of "
+                                           "a sharded checkpoint from a run on several devices)")
     parser.add_argument("out_dir", help="directory to write")
     parser.add_argument("--model", help="base model string (default: the checkpoint's own)")
     parser.add_argument("--dtype", default="bfloat16", help="dtype of the saved weights (default: bfloat16)")

@@ -50,7 +50,8 @@ class SentenceTransformerEmbedder(Embedder):
     Args:
         model: Hub name or local directory; ``None`` means the packaged all-MiniLM-L6-v2
             (the paper used ``Qwen/Qwen3-Embedding-4B``).
-        device: ``cpu``, ``cuda``, ``cuda:1``...; ``None`` lets sentence-transformers choose.
+        device: ``cpu``, ``cuda``, ``cuda:1``...; ``None``: this process's current GPU (each training rank's
+            own, as Lightning sets it), else the CPU.
         batch_size: Texts per forward pass inside the one ``embed`` call.
         max_seq_length: Truncate texts to this many tokens (``None``: the model's own limit).
         dtype: Weights dtype on load, e.g. ``bfloat16`` for a 4B embedder on GPU.
@@ -79,9 +80,12 @@ class SentenceTransformerEmbedder(Embedder):
 
         path = str(packaged_minilm_path()) if self.model_name is None else self.model_name
         model_kwargs = {"dtype": getattr(torch, self.dtype)} if self.dtype else None
+        device = self.device
+        if device is None:  # sentence-transformers itself would put every rank's copy on cuda:0
+            device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
         try:
             model = SentenceTransformer(
-                path, device=self.device, trust_remote_code=self.trust_remote_code, model_kwargs=model_kwargs
+                path, device=device, trust_remote_code=self.trust_remote_code, model_kwargs=model_kwargs
             )
         except Exception as err:
             raise EmbedderError(
