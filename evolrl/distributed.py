@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
+from lightning.pytorch.strategies import ModelParallelStrategy as _LightningModelParallelStrategy
 from torch import nn
 
 
@@ -39,3 +43,43 @@ def gather_objects(value) -> list:
     out = [None] * world_size()
     dist.all_gather_object(out, value)
     return out
+
+
+class ModelParallelStrategy(_LightningModelParallelStrategy):
+    """Lightning's ``ModelParallelStrategy`` (FSDP2), with sharded checkpoints written atomically.
+
+    Lightning writes a sharded checkpoint's files straight into its directory, so a kill or a full
+    disk in the middle of re-saving ``last.ckpt`` leaves neither the old checkpoint nor the new one.
+    Here every rank writes into ``<name>.partial``; only once all shards and ``meta.pt`` are complete
+    does rank 0 swap it into place (the previous checkpoint is removed after the swap).
+    """
+
+    def save_checkpoint(self, checkpoint: dict, filepath, storage_options=None) -> None:
+        if not self._save_distributed_checkpoint:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        path = Path(self.broadcast(str(filepath)))
+        partial, previous = path.with_name(path.name + ".partial"), path.with_name(path.name + ".previous")
+        if self.is_global_zero:
+            _remove(partial)
+        self.barrier()
+        try:
+            super().save_checkpoint(checkpoint, partial, storage_options)
+        except BaseException:
+            if self.is_global_zero:
+                _remove(partial)
+            raise
+        self.barrier()
+        if self.is_global_zero:
+            _remove(previous)
+            if path.exists():
+                path.rename(previous)
+            partial.rename(path)
+            _remove(previous)
+        self.barrier()
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()

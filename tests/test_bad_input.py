@@ -145,3 +145,46 @@ def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, m
     assert path.read_bytes() == before  # the previous checkpoint is intact
     assert torch.load(path, weights_only=False)["state_dict"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no half-written file left behind
+
+
+def test_disk_full_while_saving_a_sharded_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
+    """The FSDP strategy's checkpoint directory: a failed re-save leaves the previous checkpoint as it was."""
+    from lightning.fabric.utilities.load import _load_distributed_checkpoint
+    from lightning.pytorch.demos.boring_classes import BoringModel
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from evolrl.distributed import ModelParallelStrategy
+
+    class ShardedBoring(BoringModel):
+        def configure_model(self):
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(self.layer, mesh=self.device_mesh["data_parallel"])
+
+    model = ShardedBoring()
+    trainer = L.Trainer(accelerator="cpu", devices=1, strategy=ModelParallelStrategy(), max_epochs=1,
+                        limit_train_batches=1, limit_val_batches=0, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False)
+    try:
+        trainer.fit(model)
+        path = tmp_path / "last.ckpt"
+        trainer.save_checkpoint(path)
+        before = _load_distributed_checkpoint(path)["state_dict"]["layer.weight"].clone()
+        write = FileSystemWriter.write_data
+
+        def full_disk(self, plan, planner):  # the shard is written, then the disk is full
+            write(self, plan, planner).wait()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(FileSystemWriter, "write_data", full_disk)
+        with torch.no_grad():
+            model.layer.weight.add_(1.0)
+        with pytest.raises(CheckpointException, match="No space left on device"):
+            trainer.save_checkpoint(path)
+        monkeypatch.undo()
+        torch.testing.assert_close(_load_distributed_checkpoint(path)["state_dict"]["layer.weight"], before)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no partial directory left behind
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

@@ -29,10 +29,10 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.strategies import ModelParallelStrategy
 
 from evolrl.callbacks import PassAtK
 from evolrl.data import AdditionPrompts, EvalSet, RolloutDataModule
+from evolrl.distributed import ModelParallelStrategy
 from evolrl.models import load_policy
 from evolrl.rewards import MajorityVoteReward
 from evolrl.rollout import HFEngine, Sampling, VLLMEngine
