@@ -47,8 +47,16 @@ def full_state_dict(policy: nn.Module, dtype: torch.dtype) -> dict[str, torch.Te
     return dict(full_tensors(policy, dtype))
 
 
-def kv_cache_bytes(config, sequences: int, tokens: int, dtype: torch.dtype) -> int | None:
-    """KV-cache bytes for ``sequences`` of ``tokens`` each (plus a block of slack), for standard attention."""
+CPU_BLOCK_SIZE = 128
+"""Tokens per KV-cache block on vLLM's CPU backend (its default), passed explicitly with a computed cache size."""
+
+
+def kv_cache_bytes(config, sequences: int, tokens: int, dtype: torch.dtype, block_size: int = CPU_BLOCK_SIZE) -> int | None:
+    """KV-cache bytes for ``sequences`` of up to ``tokens`` each at once, for standard attention.
+
+    vLLM hands out the cache in blocks of ``block_size`` tokens, so each sequence takes whole blocks;
+    one block more for the cache as a whole. Fewer would make sequences wait for each other.
+    """
     heads = getattr(config, "num_attention_heads", None)
     layers = getattr(config, "num_hidden_layers", None)
     if not heads or not layers:
@@ -56,7 +64,8 @@ def kv_cache_bytes(config, sequences: int, tokens: int, dtype: torch.dtype) -> i
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     per_token = 2 * layers * kv_heads * head_dim * dtype.itemsize
-    return sequences * (tokens + 16) * per_token
+    blocks = sequences * -(-tokens // block_size) + 1
+    return blocks * block_size * per_token
 
 
 class VLLMEngine(RolloutEngine):
@@ -116,10 +125,12 @@ class VLLMEngine(RolloutEngine):
         policy.config.save_pretrained(self._config_dir.name)  # config only: weights come from the policy
         policy.generation_config.save_pretrained(self._config_dir.name)
         self._eos = getattr(policy.generation_config, "eos_token_id", None)
-        launch = self._join_process_group()
+        options = self._join_process_group()
         kv_bytes = None if self.kv_cache_gib is None else int(self.kv_cache_gib * 2**30)
         if kv_bytes is None and not torch.cuda.is_available() and self.max_sequences and self.max_tokens:
             kv_bytes = kv_cache_bytes(policy.config, self.max_sequences, self.max_tokens, getattr(torch, self.dtype))
+            if kv_bytes is not None:
+                options["block_size"] = CPU_BLOCK_SIZE  # the block size the computed size assumes
         self.llm = LLM(
             model=self._config_dir.name,
             load_format="dummy",
@@ -131,7 +142,7 @@ class VLLMEngine(RolloutEngine):
             enforce_eager=self.enforce_eager,
             tensor_parallel_size=self.tensor_parallel_size,
             seed=self.seed + self.stream,
-            **launch,
+            **options,
         )
         self._seed_requests = torch.cuda.is_available()
 
