@@ -23,6 +23,20 @@ def test_logprobs_and_entropy_match_naive_values_and_gradients():
         torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4)  # float32 inside vs float64
 
 
+def test_logprobs_gradient_when_only_one_output_is_used():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 4, 9, generator=g, dtype=torch.float64) * 2
+    tokens = torch.randint(0, 9, (2, 4), generator=g)
+    for pick in (0, 1):  # log-probs alone (entropy bonus off), entropy alone
+        a = logits.clone().requires_grad_(True)
+        logprobs_and_entropy(a, tokens, 0.8)[pick].sum().backward()
+        b = logits.clone().requires_grad_(True)
+        dist = torch.distributions.Categorical(logits=b / 0.8)
+        (dist.log_prob(tokens) if pick == 0 else dist.entropy()).sum().backward()
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4)
+    assert torch.equal(a.detach(), logits)  # the logits themselves are never written to
+
+
 def test_logprobs_without_grad_and_bf16_logits():
     logits = torch.randn(2, 3, 7).bfloat16()
     tokens = torch.zeros(2, 3, dtype=torch.long)

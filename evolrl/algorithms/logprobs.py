@@ -1,25 +1,48 @@
-"""Token log-probs and full-vocabulary entropy from logits, chunked.
+"""Token log-probs and full-vocabulary entropy from logits, chunked, with a hand-written backward.
 
-A naive ``log_softmax(logits.float() / T)`` materializes several ``[N, L, V]``
-float32 copies (151k vocabulary x 12k tokens is ~7 GB per sequence). Here rows
-are processed in chunks, and under autograd each chunk is checkpointed, so only
-the logits themselves (already held by the model's forward) stay alive and a
-chunk's temporaries are recomputed in backward.
+A naive ``log_softmax(logits.float() / T)`` materializes several ``[N, L, V]`` float32 copies
+(151k vocabulary x 12k tokens is ~7 GB per sequence), and autograd through ``logsumexp``,
+``softmax`` and the entropy's product keeps and revisits more of them. Here rows are processed in
+chunks by one autograd function that saves only the logits (already held by the model's
+forward) and two numbers per row; its backward rebuilds ``log p`` once and writes the gradient of
+both outputs in a single pass:
+
+    d log p(t) / dx = onehot(t) - p        d H / dx = -p * (log p + H)      (x = logits / T)
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 
-def _chunk(logits: Tensor, tokens: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
-    x = logits.float() / temperature  # [C, V]
-    lse = torch.logsumexp(x, dim=-1)  # [C]
-    logp = x.gather(-1, tokens[:, None]).squeeze(-1) - lse
-    entropy = lse - (torch.softmax(x, dim=-1) * x).sum(-1)  # H = logsumexp(x) - E_p[x]
-    return logp, entropy
+class _LogprobEntropy(torch.autograd.Function):
+    """``(log p(token), H)`` per row of ``logits [C, V]``; backward recomputes ``log p`` from the logits."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, tokens: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+        logq = logits.to(torch.float32, copy=True).div_(temperature)
+        lse = torch.logsumexp(logq, dim=-1)
+        logq.sub_(lse[:, None])  # log p, in place
+        logp = logq.gather(-1, tokens[:, None]).squeeze(-1)
+        entropy = -logq.exp().mul_(logq).sum(-1)
+        ctx.save_for_backward(logits, tokens, lse, entropy)
+        ctx.temperature = temperature
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp: Tensor | None, grad_entropy: Tensor | None):
+        logits, tokens, lse, entropy = ctx.saved_tensors
+        logq = logits.to(torch.float32, copy=True).div_(ctx.temperature).sub_(lse[:, None])
+        p = logq.exp()
+        if grad_entropy is not None:  # -g_H * p * (log p + H)
+            grad = logq.add_(entropy[:, None]).mul_(p).mul_(-grad_entropy[:, None])
+        else:
+            grad = torch.zeros_like(logq)
+        if grad_logp is not None:  # g_logp * (onehot - p)
+            grad.sub_(p.mul_(grad_logp[:, None]))
+            grad.scatter_add_(-1, tokens[:, None], grad_logp[:, None])
+        return grad.div_(ctx.temperature).to(logits.dtype), None, None
 
 
 def logprobs_and_entropy(
@@ -38,11 +61,8 @@ def logprobs_and_entropy(
     flat_tokens = tokens.reshape(n * length)
     logps, entropies = [], []
     for start in range(0, n * length, chunk_size):
-        part = (flat_logits[start : start + chunk_size], flat_tokens[start : start + chunk_size], temperature)
-        if torch.is_grad_enabled() and logits.requires_grad:
-            logp, entropy = checkpoint(_chunk, *part, use_reentrant=False)
-        else:
-            logp, entropy = _chunk(*part)
+        logp, entropy = _LogprobEntropy.apply(flat_logits[start : start + chunk_size],
+                                              flat_tokens[start : start + chunk_size], temperature)
         logps.append(logp)
         entropies.append(entropy)
     return torch.cat(logps).view(n, length), torch.cat(entropies).view(n, length)

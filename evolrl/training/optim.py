@@ -41,7 +41,10 @@ def warmup_cosine(step: int, total: int, warmup_ratio: float, min_lr_ratio: floa
 
 
 def build_optimizer(params: list[nn.Parameter], cfg: Optimization, total_steps: int):
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    # The fused kernel: one pass over all parameters instead of a Python loop over them (much faster
+    # for SmolLM2-135M on a CPU); it exists for floating-point parameters on CPU and CUDA.
+    fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=fused)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: warmup_cosine(step, total_steps, cfg.warmup_ratio, cfg.min_lr_ratio)
     )
