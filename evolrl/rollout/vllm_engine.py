@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -126,6 +127,10 @@ class VLLMEngine(RolloutEngine):
         policy.generation_config.save_pretrained(self._config_dir.name)
         self._eos = getattr(policy.generation_config, "eos_token_id", None)
         options = self._join_process_group()
+        if not options:
+            # vLLM then sets up a one-process torch.distributed group of its own, and Lightning, seeing it, asks
+            # for sync_dist on every epoch-level metric of a single-device run; there is nothing to sync.
+            warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\(.*sync_dist=True\)`")
         kv_bytes = None if self.kv_cache_gib is None else int(self.kv_cache_gib * 2**30)
         if kv_bytes is None and not torch.cuda.is_available() and self.max_sequences and self.max_tokens:
             kv_bytes = kv_cache_bytes(policy.config, self.max_sequences, self.max_tokens, getattr(torch, self.dtype))
