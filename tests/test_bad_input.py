@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 from pathlib import Path
 
 import lightning as L
@@ -163,6 +164,7 @@ def test_disk_full_while_saving_a_sharded_checkpoint_keeps_the_previous_one(tmp_
             fully_shard(self.layer, mesh=self.device_mesh["data_parallel"])
 
     model = ShardedBoring()
+    environment = dict(os.environ)  # Lightning sets MASTER_PORT & co. for its one-process group
     trainer = L.Trainer(accelerator="cpu", devices=1, strategy=ModelParallelStrategy(), max_epochs=1,
                         limit_train_batches=1, limit_val_batches=0, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, enable_checkpointing=False)
@@ -188,3 +190,5 @@ def test_disk_full_while_saving_a_sharded_checkpoint_keeps_the_previous_one(tmp_
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(environment)

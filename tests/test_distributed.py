@@ -29,7 +29,8 @@ def test_each_rank_gets_disjoint_whole_batches():
 
 def fsdp_check(out: Path, model: str, *args: str) -> list[dict]:
     """Run tools/fsdp_check.py; the per-rank reports."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    launcher = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK")
+    env = {**{k: v for k, v in os.environ.items() if k not in launcher}, "HF_HUB_OFFLINE": "1"}  # a fresh group
     result = subprocess.run([sys.executable, str(TOOLS / "fsdp_check.py"), model, str(out), *args],
                             check=False, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
