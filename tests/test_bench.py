@@ -28,7 +28,8 @@ def test_bench_prints_both_frameworks_and_their_ratio():
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| (evolrl|trl) \| ([^\n]+)$", result.stdout, re.MULTILINE)}
     assert set(rows) == {"evolrl", "trl"}, result.stdout
-    for cells in rows.values():
-        step, tokens_s, rss, sample, _reward, update = (float(c) for c in cells.strip(" |").split(" | "))
+    for name, cells in rows.items():
+        step, tokens_s, rss, sample, _reward, update, sync = (float(c) for c in cells.strip(" |").split(" | "))
         assert step > 0 and tokens_s > 0 and rss > 0 and sample > 0 and update > 0
+        assert 0 <= sync <= update and (name == "evolrl" or sync == 0)  # only evolrl hands weights to vLLM
     assert re.search(r"evolrl / trl: step time [\d.]+x", result.stdout)
