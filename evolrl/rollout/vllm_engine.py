@@ -14,6 +14,7 @@ samples the groups of its own prompts, and every rank receives the full gathered
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import warnings
@@ -67,6 +68,14 @@ def kv_cache_bytes(config, sequences: int, tokens: int, dtype: torch.dtype, bloc
     per_token = 2 * layers * kv_heads * head_dim * dtype.itemsize
     blocks = sequences * -(-tokens // block_size) + 1
     return blocks * block_size * per_token
+
+
+class _NoChatTemplateWarmup(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Chat template warmup failed")
+
+
+_NO_CHAT_WARMUP = _NoChatTemplateWarmup()
 
 
 class VLLMEngine(RolloutEngine):
@@ -136,6 +145,9 @@ class VLLMEngine(RolloutEngine):
             kv_bytes = kv_cache_bytes(policy.config, self.max_sequences, self.max_tokens, getattr(torch, self.dtype))
             if kv_bytes is not None:
                 options["block_size"] = CPU_BLOCK_SIZE  # the block size the computed size assumes
+        # vLLM warms up a chat template the engine cannot have (it takes token ids, no tokenizer) and logs the
+        # failure with a traceback; that one message is dropped (a filter: vLLM resets its loggers' levels).
+        logging.getLogger("vllm.renderers.base").addFilter(_NO_CHAT_WARMUP)
         self.llm = LLM(
             model=self._config_dir.name,
             load_format="dummy",
