@@ -131,7 +131,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.tokenizer = load_tokenizer(self.model, self.trust_remote_code)
         self.train_items, self.dropped_prompts = self._encode(self.source.load(), "training")
         self.eval_items = [self._encode(s.load(), f"evaluation set {s.name!r}")[0] for s in self.eval_sets]
-        world = self.trainer.world_size if self.trainer is not None else 1
+        rank, world = self._rank_and_world()
         if len(self.train_items) < self.prompts_per_step * world:
             raise DataError(
                 f"{len(self.train_items)} usable prompts but prompts_per_step={self.prompts_per_step} on each of "
@@ -143,8 +143,11 @@ class RolloutDataModule(L.LightningDataModule):
             max_sequences=max(self.prompts_per_step * self.sampling.n,
                               self.eval_prompts_per_batch * self.eval_sampling.n if self.eval_sets else 0),
             max_tokens=longest_prompt + max(self.sampling.max_new_tokens, self.eval_sampling.max_new_tokens),
-            stream=self.trainer.global_rank if self.trainer is not None else 0,
+            stream=rank,
         )
+
+    def _rank_and_world(self) -> tuple[int, int]:
+        return (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
 
     def _encode(self, prompts: list[Prompt], what: str) -> tuple[list[tuple[Prompt, tuple[int, ...]]], int]:
         """Rendered, tokenized prompts within ``max_prompt_tokens``, and how many were dropped (with a warning)."""
@@ -160,8 +163,7 @@ class RolloutDataModule(L.LightningDataModule):
         # Every step has P full groups (the last partial batch is dropped); the loader's position is
         # part of each checkpoint, so a resumed run sees the same next batches.
         if self._train_loader is None:
-            trainer = self.trainer
-            rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+            rank, world = self._rank_and_world()
             self._train_loader = PromptLoader(self.train_items, self.prompts_per_step, self._request, self.shuffle,
                                               self.seed, rank, world)
         return self._train_loader

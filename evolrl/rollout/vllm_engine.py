@@ -85,8 +85,8 @@ class VLLMEngine(RolloutEngine):
         dtype: Engine weights dtype (``bfloat16`` on GPU and on CPU).
         gpu_memory_utilization: Fraction of GPU memory vLLM may take (weights + KV cache).
         kv_cache_gib: Fixed KV-cache size instead. ``None`` on the CPU backend (where the fraction
-            would count the trainer's own memory against vLLM): exactly what the data module's
-            largest call needs (prompts x n sequences of max prompt + response tokens).
+            would count the trainer's own memory against vLLM): what the data module's largest call
+            needs (prompts x n sequences of the longest kept prompt + most new tokens, in whole blocks).
         max_model_len: Longest prompt + response; ``None``: what the data module asks for, else the model's limit.
         enforce_eager: Skip CUDA graph / compile capture (faster start, slower sampling on GPU).
         tensor_parallel_size: GPUs per engine; 1 when training on several ranks (one engine per rank).

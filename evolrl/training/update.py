@@ -39,7 +39,6 @@ class GRPOLoss:
     """Divide advantages by the group's std (GRPO); ``false`` is Dr. GRPO."""
 
 
-
 class PolicyUpdate:
     """Mixed into the LightningModule; uses its ``policy``, ``reference``, ``loss_cfg``, ``optim_cfg``,
     batch sizes and optimizers."""
@@ -88,7 +87,6 @@ class PolicyUpdate:
                 pg, clips = clipped_surrogate(logp, old, part.advantages[:, None],
                                               cfg.clip_low, cfg.clip_high, cfg.dual_clip)
                 agg = partial(aggregate, mask=part.response_mask, mode=cfg.aggregation, normalizer=normalizer)
-
                 terms = {"pg_loss": agg(pg), "entropy": agg(entropy)}
                 loss = terms["pg_loss"] - cfg.entropy_coef * terms["entropy"]
                 if ref_logp is not None:
