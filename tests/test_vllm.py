@@ -85,3 +85,26 @@ def test_exported_checkpoint_loads_in_vllm(tmp_path, tiny_model):
     env = {**__import__("os").environ, "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
     result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, env=env, timeout=300)
     assert "GENERATED" in result.stdout, result.stderr[-2000:]
+
+
+def test_long_prompt_is_never_sampled_from_a_stale_prefix_cache(tiny_model):
+    """A prompt that fills KV blocks is cached by vLLM's prefix cache; after every weight push the engine must
+    sample from the new weights, not from keys/values computed with an earlier version."""
+    tokenizer = load_tokenizer(tiny_model)
+    policy = load_policy(tiny_model)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    engine = VLLMEngine(dtype="float32", kv_cache_gib=0.1, max_model_len=512, enforce_eager=True,
+                        cpu_threads=None if device == "cuda" else "0-1", gpu_memory_utilization=0.2)
+    engine.setup(tokenizer)
+    engine.load_weights(policy.to(device))
+    prompt = Prompt("long", "What is 3 + 4? " * 44)
+    ids = [render_prompt(tokenizer, prompt.question, None)]
+    assert len(ids[0]) >= 3 * 128  # several full blocks on the CPU backend (128 tokens), many on a GPU (16)
+    assert max_logprob_gap(engine, policy, [prompt], ids) < TOLERANCE  # the prompt's blocks are now cached
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=generator).to(p.device))
+        engine.load_weights(policy)
+        assert max_logprob_gap(engine, policy, [prompt], ids) < TOLERANCE

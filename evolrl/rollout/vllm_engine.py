@@ -10,6 +10,10 @@ what lets it receive tensors from the trainer.
 Under FSDP (several ranks) every rank runs its own engine on its own device, joined to the
 trainer's process group with vLLM's ``external_launcher`` backend (its torchrun mode): each rank
 samples the groups of its own prompts, and every rank receives the full gathered weights.
+
+Every weight push also empties vLLM's prefix cache (``_forget_cached_prompts``): training and
+evaluation sample through the same engine, and a cached prompt block would otherwise keep the
+keys/values of the weights it was first computed with.
 """
 
 from __future__ import annotations
@@ -185,6 +189,22 @@ class VLLMEngine(RolloutEngine):
         # Streamed: one full tensor in flight at a time, never a second copy of the whole model.
         weights = full_tensors(policy, getattr(torch, self.dtype))
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self._forget_cached_prompts()
+
+    def _forget_cached_prompts(self) -> None:
+        """Drop vLLM's prefix cache: its blocks hold keys/values computed with the weights just replaced.
+
+        Reset rather than turned off: within one version the cache is what lets the n samples of a prompt (and
+        prompts sharing a system prompt) prefill once. ``LLM.generate`` returns only when all its requests are
+        done, so no block is in use here and the reset cannot be refused; if vLLM refuses all the same, sampling
+        on would mix two versions of the weights, so it is an error.
+        """
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError(
+                "vLLM refused to reset its prefix cache after a weight update (some KV blocks are still in use), "
+                "so it would sample with keys/values of the previous weights; no request should be running "
+                "between training steps"
+            )
 
     def generate(
         self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]], sampling: Sampling
