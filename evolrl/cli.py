@@ -13,14 +13,21 @@ from jsonargparse import set_parsing_settings
 from lightning.pytorch.cli import LightningCLI
 
 from evolrl.data.datamodule import RolloutDataModule
+from evolrl.settings import SettingError
 from evolrl.training.module import EvolRLModule
 
 
 class EvolRLCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
-        # One model string and one temperature for sampler and trainer alike.
+        # One model string for the policy and the tokenizer.
         parser.link_arguments("model.model", "data.model")
-        parser.link_arguments("data.temperature", "model.temperature")
+
+    def instantiate_classes(self) -> None:
+        # Settings are checked as each object is built (evolrl.settings): report a bad one as a usage error.
+        try:
+            super().instantiate_classes()
+        except SettingError as err:
+            self.parser.error(f"{err} (in the configuration of `{self.subcommand}`)")
 
 
 def main(args: list[str] | None = None) -> EvolRLCLI:

@@ -15,7 +15,7 @@ import yaml
 from evolrl.cli import main
 from evolrl.data import DataError, PromptFile, RolloutDataModule
 from evolrl.rewards import EmbedderError, EvolReward, SentenceTransformerEmbedder
-from evolrl.rollout import HFEngine
+from evolrl.rollout import HFEngine, Sampling
 from evolrl.types import Prompt, ResponseGroup, RolloutBatch
 
 CONFIGS = Path(__file__).parent.parent / "configs"
@@ -109,7 +109,7 @@ def test_all_responses_invalid_gives_zero_advantages_and_a_warning(tiny_model):
 
     module = EvolRLModule(tiny_model, reward=module_reward, mini_batch_size=6, micro_batch_size=2)
     data = RolloutDataModule(AdditionPrompts(count=4), model=tiny_model, engine=HFEngine(), prompts_per_step=2,
-                             vote_samples=3, trained_samples=3, max_new_tokens=4)
+                             vote_samples=3, trained_samples=3, sampling=Sampling(max_new_tokens=4))
     recorder = Recorder()
     trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=2, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -192,3 +192,117 @@ def test_disk_full_while_saving_a_sharded_checkpoint_keeps_the_previous_one(tmp_
             torch.distributed.destroy_process_group()
         os.environ.clear()
         os.environ.update(environment)
+
+
+# ---- settings of the module, the data module, the loss, the optimizer, the sampling and the engines ----------
+def _data(**kwargs):
+    from evolrl.data import AdditionPrompts
+
+    return RolloutDataModule(AdditionPrompts(count=4), model="unused", engine=HFEngine(), **kwargs)
+
+
+def _module(**kwargs):
+    from evolrl.training import EvolRLModule
+
+    return EvolRLModule("unused", reward=EvolReward(), **kwargs)
+
+
+def _loss(**kwargs):
+    from evolrl.training import GRPOLoss
+
+    return GRPOLoss(**kwargs)
+
+
+def _optim(**kwargs):
+    from evolrl.training import Optimization
+
+    return Optimization(**kwargs)
+
+
+def _vllm(**kwargs):
+    from evolrl.rollout import VLLMEngine
+
+    return VLLMEngine(**kwargs)
+
+
+TRAINING_SETTINGS = [
+    # (build, key in the message, value in the message, allowed range in the message)
+    (lambda: _module(micro_batch_size=0), "EvolRLModule.micro_batch_size", "0", ">= 1"),
+    (lambda: _module(mini_batch_size=4, micro_batch_size=8), "EvolRLModule.micro_batch_size", "8",
+     "at most mini_batch_size=4"),
+    (lambda: _module(mini_batch_size=0), "EvolRLModule.mini_batch_size", "0", ">= 1"),
+    (lambda: _module(logprob_chunk_size=0), "EvolRLModule.logprob_chunk_size", "0", ">= 1"),
+    (lambda: _module(dtype="float64"), "EvolRLModule.dtype", "'float64'", "one of 'float32'"),
+    (lambda: _loss(clip_low=1.0), "GRPOLoss.clip_low", "1.0", "in [0.0, 1.0)"),
+    (lambda: _loss(clip_high=-0.1), "GRPOLoss.clip_high", "-0.1", ">= 0.0"),
+    (lambda: _loss(dual_clip=0.5), "GRPOLoss.dual_clip", "0.5", "> 1.0"),
+    (lambda: _loss(kl_coef=-1.0), "GRPOLoss.kl_coef", "-1.0", ">= 0.0"),
+    (lambda: _loss(entropy_coef=float("nan")), "GRPOLoss.entropy_coef", "nan", "finite"),
+    (lambda: _loss(aggregation="sum"), "GRPOLoss.aggregation", "'sum'", "one of 'token_mean'"),
+    (lambda: _optim(lr=-1e-5), "Optimization.lr", "-1e-05", ">= 0.0"),
+    (lambda: _optim(betas=(0.9, 1.0)), "Optimization.betas", "1.0", "in [0.0, 1.0)"),
+    (lambda: _optim(warmup_ratio=1.5), "Optimization.warmup_ratio", "1.5", "in [0.0, 1.0]"),
+    (lambda: _optim(min_lr_ratio=-0.1), "Optimization.min_lr_ratio", "-0.1", "in [0.0, 1.0]"),
+    (lambda: _optim(max_grad_norm=0.0), "Optimization.max_grad_norm", "0.0", "> 0.0"),
+    (lambda: _optim(weight_decay=-0.01), "Optimization.weight_decay", "-0.01", ">= 0.0"),
+    (lambda: Sampling(temperature=0.0), "Sampling.temperature", "0.0", "> 0.0"),
+    (lambda: Sampling(top_p=1.5), "Sampling.top_p", "1.5", "in (0.0, 1.0]"),
+    (lambda: Sampling(top_k=0), "Sampling.top_k", "0", "-1 (off) or an integer >= 1"),
+    (lambda: Sampling(max_new_tokens=0), "Sampling.max_new_tokens", "0", ">= 1"),
+    (lambda: _data(prompts_per_step=0), "prompts_per_step", "0", ">= 1"),
+    (lambda: _data(vote_samples=0), "vote_samples", "0", ">= 1"),
+    (lambda: _data(vote_samples=4, trained_samples=5), "trained_samples", "5", "at most vote_samples=4"),
+    (lambda: _data(trained_samples=0), "trained_samples", "0", ">= 1"),
+    (lambda: _data(eval_samples=0), "eval_samples", "0", ">= 1"),
+    (lambda: _data(eval_prompts_per_batch=0), "eval_prompts_per_batch", "0", ">= 1"),
+    (lambda: _data(max_prompt_tokens=0), "RolloutDataModule.max_prompt_tokens", "0", ">= 1"),
+    (lambda: _data(seed=-1), "seed", "-1", ">= 0"),
+    (lambda: HFEngine(prompts_per_call=0), "HFEngine.prompts_per_call", "0", ">= 1"),
+    (lambda: _vllm(dtype="int8"), "VLLMEngine.dtype", "'int8'", "one of 'bfloat16'"),
+    (lambda: _vllm(gpu_memory_utilization=1.5), "VLLMEngine.gpu_memory_utilization", "1.5", "in (0.0, 1.0]"),
+    (lambda: _vllm(kv_cache_gib=0.0), "VLLMEngine.kv_cache_gib", "0.0", "> 0.0"),
+    (lambda: _vllm(max_model_len=0), "VLLMEngine.max_model_len", "0", ">= 1"),
+    (lambda: _vllm(tensor_parallel_size=0), "VLLMEngine.tensor_parallel_size", "0", ">= 1"),
+]
+
+
+@pytest.mark.parametrize(("build", "key", "value", "allowed"), TRAINING_SETTINGS,
+                         ids=[f"{c[1]}={c[2]}" for c in TRAINING_SETTINGS])
+def test_an_out_of_range_setting_fails_when_built(build, key, value, allowed):
+    from evolrl.settings import SettingError
+
+    with pytest.raises(SettingError) as err:
+        build()
+    message = str(err.value)
+    assert f"{key}={value}" in message and allowed in message, message
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"model": {"micro_batch_size": 0}}, "EvolRLModule.micro_batch_size=0 is not allowed: an integer >= 1"),
+    ({"data": {"sampling": {"top_p": 0.0}}}, "Sampling.top_p=0.0 is not allowed: a number in (0.0, 1.0]"),
+    ({"model": {"loss": {"clip_high": -0.2}}}, "GRPOLoss.clip_high=-0.2 is not allowed"),
+    ({"data": {"vote_samples": 4, "trained_samples": 8}}, "trained_samples=8 is not allowed: at most vote_samples=4"),
+], ids=["micro_batch_size", "top_p", "clip_high", "trained_samples"])
+def test_an_out_of_range_setting_stops_the_cli_before_any_model_loads(tmp_path, monkeypatch, capsys, overrides,
+                                                                        message):
+    monkeypatch.setattr("sys.argv", ["evolrl"])
+    path = tmp_path / "override.yaml"
+    path.write_text(yaml.safe_dump(overrides))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(CONFIGS / "demo.yaml"), "--config", str(path)])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_float16_precision_is_refused_at_start(tiny_model):
+    from evolrl.data import AdditionPrompts
+    from evolrl.settings import SettingError
+    from evolrl.training import EvolRLModule
+
+    module = EvolRLModule(tiny_model, reward=EvolReward(), mini_batch_size=2, micro_batch_size=2)
+    data = RolloutDataModule(AdditionPrompts(count=4), model=tiny_model, engine=HFEngine(), prompts_per_step=2,
+                             vote_samples=2, trained_samples=2)
+    trainer = L.Trainer(accelerator="cpu", precision="16-true", max_steps=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(SettingError, match="trainer.precision=.16-true. is not allowed: bf16-mixed"):
+        trainer.fit(module, data)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from evolrl.data import AdditionPrompts, DataError, HubDataset, PromptFile, RolloutDataModule
-from evolrl.rollout import HFEngine
+from evolrl.rollout import HFEngine, Sampling
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not beside this checkout")
@@ -80,9 +80,10 @@ def test_the_engine_is_told_the_largest_call(tiny_model):
 
     engine = HFEngine()
     data = RolloutDataModule(AdditionPrompts(count=8), model=tiny_model, engine=engine, prompts_per_step=2,
-                             vote_samples=4, trained_samples=2, max_new_tokens=10, max_prompt_tokens=300,
+                             vote_samples=4, trained_samples=2, sampling=Sampling(max_new_tokens=10),
+                             max_prompt_tokens=300,
                              eval_sets=[EvalSet(AdditionPrompts(count=4), "add")], eval_samples=8,
-                             eval_prompts_per_batch=3, eval_max_new_tokens=20)
+                             eval_prompts_per_batch=3, eval_sampling=Sampling(max_new_tokens=20))
     data.setup("fit")
     longest = max(len(ids) for items in (data.train_items, *data.eval_items) for _, ids in items)
     assert longest < 300  # the prompts actually kept, not the limit, size the call

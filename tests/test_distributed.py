@@ -12,18 +12,19 @@ import pytest
 import torch
 
 from evolrl.data.loader import PromptLoader
+from evolrl.rollout import Seeds
 
 TOOLS = Path(__file__).parent.parent / "tools"
 
 
 def test_each_rank_gets_disjoint_whole_batches():
     items = list(range(11))
-    loaders = [PromptLoader(items, 2, list, seed=3, rank=r, world_size=2) for r in (0, 1)]
+    loaders = [PromptLoader(items, 2, list, seeds=Seeds(3), rank=r, world_size=2) for r in (0, 1)]
     assert [len(loader) for loader in loaders] == [2, 2]  # 11 // (2 * 2)
     batches = [list(loader) for loader in loaders]
     seen = [i for per_rank in batches for batch in per_rank for i in batch]
     assert len(seen) == len(set(seen)) == 8
-    single = list(PromptLoader(items, 2, list, seed=3))
+    single = list(PromptLoader(items, 2, list, seeds=Seeds(3)))
     assert batches[0][0] == single[0] and batches[1][0] == single[1]  # the same shuffled order, dealt out
 
 

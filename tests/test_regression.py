@@ -50,12 +50,12 @@ def config(tmp_path: Path, model: str) -> Path:
         "data": {
             "train": {"class_path": "evolrl.data.AdditionPrompts", "init_args": {"count": 8}},
             "engine": {"class_path": "evolrl.rollout.HFEngine"},
-            "prompts_per_step": 2, "vote_samples": 5, "trained_samples": 4, "max_new_tokens": 10,
-            "temperature": 0.8, "seed": 5,
+            "prompts_per_step": 2, "vote_samples": 5, "trained_samples": 4,
+            "sampling": {"temperature": 0.8, "max_new_tokens": 10}, "seed": 5,
             "eval_sets": [{"class_path": "evolrl.data.EvalSet", "init_args": {
                 "name": "addition", "source": {"class_path": "evolrl.data.AdditionPrompts",
                                                "init_args": {"count": 4, "seed": 1}}}}],
-            "eval_samples": 4, "eval_max_new_tokens": 6, "eval_temperature": 0.9,
+            "eval_samples": 4, "eval_sampling": {"temperature": 0.9, "top_p": 0.95, "max_new_tokens": 6},
         },
     }
     tmp_path.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from evolrl.cli import main
 from evolrl.data import AdditionPrompts, RolloutDataModule, RolloutRequest
 from evolrl.models import load_policy
 from evolrl.rewards import MajorityVoteReward
-from evolrl.rollout import HFEngine
+from evolrl.rollout import HFEngine, Sampling
 from evolrl.training import EvolRLModule, GRPOLoss, Optimization
 
 CONFIGS = Path(__file__).parent.parent / "configs"
@@ -80,11 +80,11 @@ def tiny_config(tmp_path: Path, model: str, steps: int = 2, reward: str = "EvolR
         "data": {
             "train": {"class_path": "evolrl.data.AdditionPrompts", "init_args": {"count": 8}},
             "engine": {"class_path": "evolrl.rollout.HFEngine"},
-            "prompts_per_step": 2, "vote_samples": 4, "trained_samples": 3, "max_new_tokens": 6,
+            "prompts_per_step": 2, "vote_samples": 4, "trained_samples": 3, "sampling": {"max_new_tokens": 6},
             "eval_sets": [{"class_path": "evolrl.data.EvalSet", "init_args": {
                 "name": "addition", "source": {"class_path": "evolrl.data.AdditionPrompts",
                                                "init_args": {"count": 4, "seed": 1}}}}],
-            "eval_samples": 4, "eval_max_new_tokens": 6,
+            "eval_samples": 4, "eval_sampling": {"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 6},
         },
     }
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -165,7 +165,8 @@ def fit(model_dir: str, steps: int = 1, module_kwargs=None, datamodule_cls=Rollo
     module = EvolRLModule(model_dir, **{"reward": MajorityVoteReward(), "mini_batch_size": 6, "micro_batch_size": 2,
                                         **(module_kwargs or {})})
     data = datamodule_cls(AdditionPrompts(count=8), model=model_dir, **{
-        "engine": HFEngine(), "prompts_per_step": 2, "vote_samples": 4, "trained_samples": 3, "max_new_tokens": 6,
+        "engine": HFEngine(), "prompts_per_step": 2, "vote_samples": 4, "trained_samples": 3,
+        "sampling": Sampling(max_new_tokens=6),
         **data_kwargs})
     recorder = Recorder()
     trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=steps, logger=False,
@@ -206,7 +207,7 @@ def test_micro_batch_size_does_not_change_the_update(tiny_model, aggregation):
         capture = Grads()
         module, _, _ = fit(tiny_model, module_kwargs={
             "micro_batch_size": micro, "loss": GRPOLoss(aggregation=aggregation, kl_coef=0.0)},
-            max_new_tokens=12, temperature=1.5, callbacks=[capture])
+            sampling=Sampling(temperature=1.5, max_new_tokens=12), callbacks=[capture])
         grads.append(capture.grads)
         lengths = module.trainer.callback_metrics["train/response_length"]
     for other in grads[1:]:
@@ -234,7 +235,7 @@ class StreamingDataModule(RolloutDataModule):
 def test_rollouts_are_sampled_with_the_latest_weights(tiny_model):
     _, data, recorder = fit(tiny_model, steps=3)
     assert recorder.versions == [0, 1, 2]  # step t trains on rollouts from the weights after step t-1
-    assert data.engine.version == 3
+    assert data.rollouts.version == data.rollouts.engine.version == 3
 
 
 def test_streamed_prompts_are_not_sampled_ahead(tiny_model):
@@ -248,7 +249,7 @@ def test_stale_rollouts_are_refused(tiny_model):
     request = next(iter(data.train_dataloader()))
     rollouts = request.sample()  # sampled with the weights after step 0 ...
     module.push_weights()  # ... which then move on
-    stale = RolloutRequest(request.prompts, request.prompt_ids, lambda _: rollouts)
+    stale = RolloutRequest(request.prompts, request.prompt_ids, lambda *_: rollouts)
     with pytest.raises(RuntimeError, match="stale rollouts: sampled with weights version 1, but the policy is at "
                                            "version 2"):
         module.training_step(stale, 0)
@@ -289,7 +290,7 @@ def test_non_finite_gradients_skip_the_step_and_are_counted(tiny_model):
     module, _, recorder = fit(tiny_model, steps=2, module_kwargs={"reward": NaNReward(), "mini_batch_size": 3})
     after = module.policy.state_dict()
     assert all(torch.equal(after[k], recorder.before[k]) for k in after)  # nothing applied
-    assert module.skipped_steps == 4  # 2 steps x 2 mini-batches
+    assert module.update.skipped_steps == 4  # 2 steps x 2 mini-batches
     assert module.trainer.callback_metrics["train/skipped_steps"].item() == 4
 
 
@@ -309,7 +310,8 @@ def test_validate_from_the_cli_is_reproducible(tmp_path, tiny_model, monkeypatch
                                        "init_args": {"pass_ks": [1, 4], "maj_ks": [4]}}]},
             "model": {"model": tiny_model},
             "data": {"engine": {"class_path": "evolrl.rollout.HFEngine"}, "eval_samples": 4,
-                     "eval_max_new_tokens": 8, "eval_prompts_per_batch": 4},
+                     "eval_sampling": {"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 8},
+                     "eval_prompts_per_batch": 4},
         }
         path = tmp_path / f"{run}.yaml"
         path.write_text(yaml.safe_dump(overrides))
@@ -361,7 +363,7 @@ def test_resume_gives_the_same_next_steps(tmp_path, tiny_model):
         module = EvolRLModule(tiny_model, reward=MajorityVoteReward(), mini_batch_size=6, micro_batch_size=2,
                               optim=Optimization(lr=1e-2, warmup_ratio=0.3))
         data = RolloutDataModule(AdditionPrompts(count=8), model=tiny_model, engine=HFEngine(), prompts_per_step=2,
-                                 vote_samples=4, trained_samples=3, max_new_tokens=6)
+                                 vote_samples=4, trained_samples=3, sampling=Sampling(max_new_tokens=6))
         recorder = Recorder()
         checkpoints = ModelCheckpoint(dirpath=directory, filename="{step}", every_n_train_steps=1, save_top_k=-1)
         trainer = L.Trainer(accelerator="cpu", max_epochs=2, logger=False, enable_progress_bar=False,
@@ -382,7 +384,8 @@ def test_resume_gives_the_same_next_steps(tmp_path, tiny_model):
 def test_response_only_logits_match_the_full_forward(tiny_model):
     """sequence_logprobs computes logits from the first response token on; the values are those of a full pass."""
     from evolrl.algorithms import logprobs_and_entropy
-    from evolrl.training.sequences import Sequences, sequence_logprobs
+    from evolrl.training.forward import sequence_logprobs
+    from evolrl.training.sequences import Sequences
 
     policy = load_policy(tiny_model)
     torch.manual_seed(0)
@@ -399,3 +402,21 @@ def test_response_only_logits_match_the_full_forward(tiny_model):
     torch.testing.assert_close(logp[response], ref_logp[response], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(entropy[response], ref_entropy[response], rtol=1e-5, atol=1e-5)
     assert (logp[:, :4] == 0).all()  # before the first response position: not computed
+
+
+def test_a_step_is_a_training_step_for_max_steps_and_checkpoints(tmp_path, tiny_model):
+    """Two mini-batches (two optimizer steps) per training step: max_steps, global_step and checkpoint names
+    still count training steps, like the progress bar and the curves."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    module = EvolRLModule(tiny_model, reward=MajorityVoteReward(), mini_batch_size=3, micro_batch_size=2)
+    data = RolloutDataModule(AdditionPrompts(count=8), model=tiny_model, engine=HFEngine(), prompts_per_step=2,
+                             vote_samples=4, trained_samples=3, sampling=Sampling(max_new_tokens=6))
+    recorder = Recorder()
+    checkpoints = ModelCheckpoint(dirpath=tmp_path, filename="{step}", every_n_train_steps=1, save_top_k=-1)
+    trainer = L.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[recorder, checkpoints])
+    trainer.fit(module, data)
+    assert len(recorder.losses) == 2 and trainer.global_step == 2
+    assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == ["step=1.ckpt", "step=2.ckpt"]
+    assert module.optimizers().optimizer.state[next(module.policy.parameters())]["step"].item() == 4  # 2 x 2

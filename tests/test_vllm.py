@@ -38,7 +38,7 @@ def setup(tiny_model):
 
 
 def max_logprob_gap(engine, policy, prompts, ids) -> float:
-    return sampler_logprob_gap(engine, policy, prompts, ids, Sampling(n=4, max_new_tokens=8, seed=1))
+    return sampler_logprob_gap(engine, policy, prompts, ids, Sampling(max_new_tokens=8), n=4, seed=1)
 
 
 def test_engine_samples_from_the_policy_weights_after_each_update(setup):
@@ -56,7 +56,7 @@ def test_engine_samples_from_the_policy_weights_after_each_update(setup):
 
 def test_sampling_is_seeded_and_groups_are_complete(setup):
     engine, _, prompts, ids = setup
-    a = engine.generate(prompts, ids, Sampling(n=3, max_new_tokens=6, seed=7))
+    a = engine.generate(prompts, ids, Sampling(max_new_tokens=6), 3, 7)
     assert [g.prompt.id for g in a] == ["a", "b"]
     assert all(len(g.texts) == 3 and len(g.response_ids) == 3 and len(g.truncated) == 3 for g in a)
     for g in a:
@@ -108,3 +108,11 @@ def test_long_prompt_is_never_sampled_from_a_stale_prefix_cache(tiny_model):
                 p.add_(0.05 * torch.randn(p.shape, generator=generator).to(p.device))
         engine.load_weights(policy)
         assert max_logprob_gap(engine, policy, [prompt], ids) < TOLERANCE
+
+
+def test_a_real_vllm_error_reaches_the_user(setup):
+    """The engine's log filters drop notices only: an error inside vLLM still surfaces, with vLLM's own message."""
+    engine, _, prompts, _ = setup
+    too_long = [list(range(3, 200))]  # the fixture's engine holds at most 128 tokens
+    with pytest.raises(Exception, match="maximum context length is 128"):
+        engine.generate(prompts[:1], too_long, Sampling(max_new_tokens=4), 1, 0)

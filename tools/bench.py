@@ -91,7 +91,7 @@ def run_evolrl(a: argparse.Namespace) -> dict:
 
     from evolrl.data import AdditionPrompts, RolloutDataModule
     from evolrl.rewards import EvolReward
-    from evolrl.rollout import HFEngine
+    from evolrl.rollout import HFEngine, Sampling
     from evolrl.training import EvolRLModule, GRPOLoss, Optimization
 
     steps: list[dict] = []
@@ -122,13 +122,14 @@ def run_evolrl(a: argparse.Namespace) -> dict:
         reward=EvolReward(number_fallback=True) if evol else shared_reward(),
         loss=GRPOLoss(clip_low=0.2, clip_high=0.2, dual_clip=None, kl_coef=0.0, entropy_coef=0.0),
         optim=Optimization(lr=a.lr, warmup_ratio=0.0, weight_decay=0.0),
-        mini_batch_size=a.prompts * group, micro_batch_size=a.micro_batch, temperature=a.temperature,
+        mini_batch_size=a.prompts * group, micro_batch_size=min(a.micro_batch, a.prompts * group),
         gradient_checkpointing=a.gradient_checkpointing,
     )
     data = RolloutDataModule(
         train=AdditionPrompts(a.prompts * a.steps, instruction="Put your final answer within \\boxed{}."),
         model=a.model, engine=engine, prompts_per_step=a.prompts, vote_samples=vote, trained_samples=group,
-        temperature=a.temperature, max_new_tokens=a.max_new_tokens, system_prompt=None, shuffle=False,
+        sampling=Sampling(temperature=a.temperature, max_new_tokens=a.max_new_tokens), system_prompt=None,
+        shuffle=False,
     )
     trainer = L.Trainer(
         accelerator="gpu" if a.device == "cuda" else "cpu", devices=1, precision=a.precision, max_steps=a.steps,
@@ -217,13 +218,13 @@ def run_sampling(a: argparse.Namespace) -> dict:
     texts = questions(a.prompts)
     prompts = [Prompt(str(i), q) for i, q in enumerate(texts)]
     ids = [render_prompt(tokenizer, q, None) for q in texts]
-    sampling = Sampling(a.group, a.temperature, 1.0, -1, a.max_new_tokens, 0)
+    sampling = Sampling(temperature=a.temperature, max_new_tokens=a.max_new_tokens)
     params = SamplingParams(n=a.group, temperature=a.temperature, max_tokens=a.max_new_tokens,
                             stop_token_ids=engine.stops(engine._eos), detokenize=False)
     rates: dict[str, list[float]] = {"engine": [], "LLM.generate": []}
     for _ in range(a.steps):
         t0 = time.perf_counter()
-        groups = engine.generate(prompts, ids, sampling)
+        groups = engine.generate(prompts, ids, sampling, a.group, 0)
         rates["engine"].append(sum(len(r) for g in groups for r in g.response_ids) / (time.perf_counter() - t0))
         t0 = time.perf_counter()
         outs = engine.llm.generate([TokensPrompt(prompt_token_ids=list(i)) for i in ids], params, use_tqdm=False)

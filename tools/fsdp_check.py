@@ -69,12 +69,12 @@ class RecordingVLLMEngine(Recording, VLLMEngine):
 class ScriptedEngine(RecordingEngine):
     """Fixed responses per prompt, two of them right: the same data however prompts are split over ranks."""
 
-    def generate(self, prompts, prompt_ids, sampling):
+    def generate(self, prompts, prompt_ids, sampling, n, seed):
         stops = self.stops()
         groups = []
         for prompt, ids in zip(prompts, prompt_ids):
             answer = int(prompt.answer)
-            texts = [f"The answer is {answer}.", f"{answer}", f"{answer + 1}", "no"][: sampling.n]
+            texts = [f"The answer is {answer}.", f"{answer}", f"{answer + 1}", "no"][:n]
             responses = [self.tokenizer(t, add_special_tokens=False)["input_ids"] + stops[:1] for t in texts]
             groups.append(build_group(prompt, ids, responses, stops, sampling.max_new_tokens, self.tokenizer))
         return groups
@@ -128,7 +128,7 @@ def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int =
         engine = RecordingEngine()
     data = RolloutDataModule(AdditionPrompts(count=8), model=model_dir, engine=engine,
                              prompts_per_step=prompts_per_step, vote_samples=group if scripted else 4,
-                             trained_samples=group, max_new_tokens=6,
+                             trained_samples=group, sampling=Sampling(max_new_tokens=6),
                              eval_sets=[EvalSet(AdditionPrompts(count=5, seed=1), "add")], eval_samples=2,
                              eval_prompts_per_batch=2)
     prompts = Prompts()
@@ -149,8 +149,8 @@ def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int =
         "local_numel": sum(p.to_local().numel() for p in shards),
         "full_numel": sum(p.numel() for p in shards),
         "final": digest(full_state_dict(module.policy, torch.float32)),
-        "engine_received": data.engine.received,
-        "engine_version": data.engine.version,
+        "engine_received": engine.received,
+        "engine_version": engine.version,
         "prompts": prompts.ids,
         "evaluated": prompts.evaluated,  # the evaluation problems this rank sampled
         "eval_table": pass_at_k.table,  # pass@k / maj@k over all ranks' problems
@@ -160,7 +160,7 @@ def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int =
         full.load_state_dict(full_state_dict(module.policy, torch.float32))
         items = data.train_items[:2]
         report["engine_logprob_gap"] = sampler_logprob_gap(
-            engine, full, [p for p, _ in items], [ids for _, ids in items], Sampling(n=2, max_new_tokens=6))
+            engine, full, [p for p, _ in items], [ids for _, ids in items], Sampling(max_new_tokens=6), n=2)
     Path(out_dir, f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
 
 

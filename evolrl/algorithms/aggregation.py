@@ -10,9 +10,19 @@ passed to every micro-batch: the micro-batch losses then sum to the mini-batch l
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean")
+
+
+def normalizer_count(mask: Tensor, mode: str = "token_mean") -> Tensor:
+    """What ``mode`` divides by, counted in ``mask [N, L]``: its response tokens, or its sequences."""
+    if mode == "token_mean":
+        return mask.sum()
+    if mode == "seq_mean_token_mean":
+        return torch.tensor(mask.shape[0], device=mask.device)
+    raise ValueError(f"unknown aggregation {mode!r}; choose one of {', '.join(AGGREGATIONS)}")
 
 
 def aggregate(values: Tensor, mask: Tensor, mode: str = "token_mean", normalizer: float | None = None) -> Tensor:

@@ -1,6 +1,6 @@
 """A resumable loader of prompt batches.
 
-Each pass shuffles the prompts from ``seed + epoch``; ``state_dict`` records the epoch and how
+Each pass shuffles the prompts with the epoch's seed (``Seeds.shuffle``); ``state_dict`` records the epoch and how
 many batches were handed out, and Lightning stores it in every checkpoint, so a resumed run
 continues with exactly the batches the interrupted one would have seen next (mid-epoch or at
 an epoch boundary). No worker processes: a batch is only a request for rollouts.
@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from evolrl.rollout.seeds import Seeds
+
 
 class PromptLoader:
     """Batches of ``batch_size`` items, each turned into a request by ``make_batch``; last partial batch dropped.
@@ -22,25 +24,31 @@ class PromptLoader:
     """
 
     def __init__(self, items: Sequence[Any], batch_size: int, make_batch: Callable[[list[Any]], Any],
-                 shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
+                 shuffle: bool = True, seeds: Seeds = Seeds(), rank: int = 0, world_size: int = 1) -> None:
         self.items = items
         self.batch_size = batch_size
         self.make_batch = make_batch
         self.shuffle = shuffle
-        self.seed = seed
+        self.seeds = seeds
         self.rank = rank
         self.world_size = world_size
         self.epoch = -1  # epoch of the current (or last) pass
         self.position = 0  # batches handed out in that pass
         self._resuming = False
 
+    @staticmethod
+    def batches(items: int, batch_size: int, world_size: int = 1) -> int:
+        """Batches per pass (on every rank alike) for ``items`` prompts."""
+        return items // (batch_size * world_size)
+
     def __len__(self) -> int:
-        return len(self.items) // (self.batch_size * self.world_size)
+        return self.batches(len(self.items), self.batch_size, self.world_size)
 
     def _order(self) -> list[int]:
         if not self.shuffle:
             return list(range(len(self.items)))
-        return torch.randperm(len(self.items), generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        generator = torch.Generator().manual_seed(self.seeds.shuffle(self.epoch))
+        return torch.randperm(len(self.items), generator=generator).tolist()
 
     def __iter__(self) -> Iterator[Any]:
         if not self._resuming or self.position >= len(self):

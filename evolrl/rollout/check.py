@@ -14,18 +14,18 @@ from evolrl.types import Prompt
 
 @torch.no_grad()
 def sampler_logprob_gap(engine: RolloutEngine, policy: nn.Module, prompts: Sequence[Prompt],
-                        prompt_ids: Sequence[Sequence[int]], sampling: Sampling) -> float:
+                        prompt_ids: Sequence[Sequence[int]], sampling: Sampling, n: int = 4, seed: int = 1) -> float:
     """Largest |log-prob the engine reports for a token it samples now - the policy's log-prob of it|.
 
     About 1e-6 when the engine holds the policy's current weights (float32 on both sides); a stale
-    or wrongly loaded engine is off by orders of magnitude more. ``sampling.temperature`` must be 1
-    (engines report the log-probs of the unscaled distribution).
+    or wrongly loaded engine is off by orders of magnitude more. ``n`` responses per prompt, seeded with
+    ``seed``. ``sampling.temperature`` must be 1 (engines report the log-probs of the unscaled distribution).
     """
     if sampling.temperature != 1.0:
         raise ValueError(f"sampler_logprob_gap needs temperature 1.0, got {sampling.temperature}")
     device = next(policy.parameters()).device
     gaps = []
-    for group in engine.generate(prompts, prompt_ids, sampling):
+    for group in engine.generate(prompts, prompt_ids, sampling, n, seed):
         if not group.sampler_logprobs:
             raise ValueError(f"{type(engine).__name__} does not report the log-probs of the tokens it samples")
         for response, reported in zip(group.response_ids, group.sampler_logprobs):

@@ -14,21 +14,29 @@ from dataclasses import dataclass
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from evolrl.settings import check_float, check_int, require
 from evolrl.types import Prompt, ResponseGroup
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """How responses are sampled."""
+    """How responses are sampled (the same four numbers for vLLM and Hugging Face ``generate``)."""
 
-    n: int = 64
-    """Responses per prompt (the vote samples V)."""
     temperature: float = 1.0
+    """Softmax temperature; the policy loss scores tokens under the training temperature too."""
     top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens with this much probability."""
     top_k: int = -1
-    """-1 turns top-k off."""
+    """Keep the k likeliest tokens; -1 turns top-k off."""
     max_new_tokens: int = 12288
-    seed: int = 0
+    """Longest response, in tokens."""
+
+    def __post_init__(self) -> None:
+        check_float("Sampling.temperature", self.temperature, 0.0, low_open=True)
+        check_float("Sampling.top_p", self.top_p, 0.0, 1.0, low_open=True)
+        require(self.top_k == -1 or (isinstance(self.top_k, int) and self.top_k >= 1), "Sampling.top_k", self.top_k,
+                "-1 (off) or an integer >= 1")
+        check_int("Sampling.max_new_tokens", self.max_new_tokens, 1)
 
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "</s>")
@@ -74,32 +82,35 @@ def build_group(
 
 
 class RolloutEngine(ABC):
-    """Samples response groups with the latest policy weights."""
+    """Samples response groups with the latest policy weights.
+
+    The engine is told its limits and its seed once (:meth:`setup`, by :class:`~evolrl.rollout.Rollouts`),
+    takes weights with :meth:`load_weights` and samples with :meth:`generate`; it derives no seeds itself.
+    """
 
     def __init__(self) -> None:
         self.version = -1
         """Version of the weights the engine samples with (set by ``load_weights``); -1 before the first."""
         self.tokenizer: PreTrainedTokenizerBase | None = None
         self.max_sequences: int | None = None
-        """Most sequences one ``generate`` call holds at once (prompts x n), when the data module says."""
+        """Most sequences one ``generate`` call holds at once (prompts x n), when known."""
         self.max_tokens: int | None = None
-        """Longest prompt + response, when the data module says."""
-        self.stream = 0
-        """This process's random stream (its data-parallel rank), so that ranks draw different samples."""
+        """Longest prompt + response, when known."""
+        self.seed = 0
+        """The engine's own seed (``Seeds.engine``: differs per rank)."""
 
     def setup(self, tokenizer: PreTrainedTokenizerBase, max_sequences: int | None = None,
-              max_tokens: int | None = None, stream: int = 0) -> None:
-        """Called once by the data module with the policy's tokenizer, the largest call it will make and its rank."""
+              max_tokens: int | None = None, seed: int = 0) -> None:
+        """Called once, before the first weights, with the policy's tokenizer, the largest call and the seed."""
         self.tokenizer = tokenizer
         self.max_sequences = max_sequences
         self.max_tokens = max_tokens
-        self.stream = stream
+        self.seed = seed
 
     @abstractmethod
-    def generate(
-        self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]], sampling: Sampling
-    ) -> list[ResponseGroup]:
-        """``sampling.n`` responses for each prompt, in prompt order."""
+    def generate(self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]], sampling: Sampling,
+                 n: int, seed: int) -> list[ResponseGroup]:
+        """``n`` responses for each prompt, in prompt order; ``seed`` seeds this call where the engine can."""
 
     @abstractmethod
     def _load(self, policy: nn.Module) -> None:
@@ -109,11 +120,6 @@ class RolloutEngine(ABC):
         """Hand the engine the policy's current weights (no files written) as ``version`` (default: the next)."""
         self._load(policy)
         self.version = self.version + 1 if version is None else version
-
-    def seed_for(self, sampling: Sampling) -> int:
-        """The seed of a ``generate`` call: a function of the weights version (so a resumed run samples alike)
-        and of the stream (so ranks differ)."""
-        return sampling.seed + 7919 * (self.version + 1) + 1_000_003 * self.stream
 
     def stops(self, policy_eos: int | list[int] | None = None) -> list[int]:
         if self.tokenizer is None:

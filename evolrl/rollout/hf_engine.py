@@ -9,6 +9,7 @@ from torch import nn
 
 from evolrl.distributed import world_size
 from evolrl.rollout.engine import RolloutEngine, Sampling, build_group
+from evolrl.settings import check_int
 from evolrl.types import Prompt, ResponseGroup
 
 
@@ -21,6 +22,7 @@ class HFEngine(RolloutEngine):
 
     def __init__(self, prompts_per_call: int = 8) -> None:
         super().__init__()
+        check_int("HFEngine.prompts_per_call", prompts_per_call, 1)
         self.prompts_per_call = prompts_per_call
         self.model: nn.Module | None = None
 
@@ -28,9 +30,8 @@ class HFEngine(RolloutEngine):
         self.model = policy
 
     @torch.no_grad()
-    def generate(
-        self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]], sampling: Sampling
-    ) -> list[ResponseGroup]:
+    def generate(self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]], sampling: Sampling,
+                 n: int, seed: int) -> list[ResponseGroup]:
         if self.model is None:
             raise RuntimeError("HFEngine.generate before load_weights: the engine has no policy yet")
         model, tokenizer = self.model, self.tokenizer
@@ -40,9 +41,9 @@ class HFEngine(RolloutEngine):
         model.eval()
         groups = []
         try:
-            # Seeded per weights version: reproducible (and resumable) without touching the global RNG.
+            # Seeded per call (Seeds.sampling): reproducible (and resumable) without touching the global RNG.
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-                torch.manual_seed(self.seed_for(sampling))
+                torch.manual_seed(seed)
                 for start in range(0, len(prompts), self.prompts_per_call):
                     chunk = list(prompt_ids[start : start + self.prompts_per_call])
                     width = max(len(ids) for ids in chunk)
@@ -57,13 +58,13 @@ class HFEngine(RolloutEngine):
                         top_p=sampling.top_p,
                         top_k=max(sampling.top_k, 0),  # 0: no top-k filter
                         max_new_tokens=sampling.max_new_tokens,
-                        num_return_sequences=sampling.n,
+                        num_return_sequences=n,
                         eos_token_id=stops,
                         pad_token_id=pad,
                         synced_gpus=world_size() > 1,  # sharded (FSDP) ranks must forward in lockstep
                     )[:, width:].tolist()  # [len(chunk) * n, new tokens], prompt-major
                     for i, ids in enumerate(chunk):
-                        responses = out[i * sampling.n : (i + 1) * sampling.n]
+                        responses = out[i * n : (i + 1) * n]
                         groups.append(
                             build_group(prompts[start + i], ids, responses, stops, sampling.max_new_tokens, tokenizer)
                         )

@@ -18,7 +18,6 @@ keys/values of the weights it was first computed with.
 
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
 import warnings
@@ -29,6 +28,8 @@ import torch.distributed as dist
 from torch import nn
 
 from evolrl.rollout.engine import RolloutEngine, Sampling, build_group
+from evolrl.rollout.vllm_logs import quiet_vllm_notices
+from evolrl.settings import check_choice, check_float, check_int
 from evolrl.types import Prompt, ResponseGroup
 
 _ENV_DEFAULTS = {
@@ -74,14 +75,6 @@ def kv_cache_bytes(config, sequences: int, tokens: int, dtype: torch.dtype, bloc
     return blocks * block_size * per_token
 
 
-class _NoChatTemplateWarmup(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Chat template warmup failed")
-
-
-_NO_CHAT_WARMUP = _NoChatTemplateWarmup()
-
-
 class VLLMEngine(RolloutEngine):
     """vLLM sampling with in-memory weight sync.
 
@@ -95,9 +88,10 @@ class VLLMEngine(RolloutEngine):
         enforce_eager: Skip CUDA graph / compile capture (faster start, slower sampling on GPU).
         tensor_parallel_size: GPUs per engine; 1 when training on several ranks (one engine per rank).
         cpu_threads: On the CPU backend, cores to bind (e.g. ``0-1``); ``None`` leaves vLLM's default.
-        seed: Engine seed. On a GPU each request is also seeded (``RolloutEngine.seed_for``); the
-            CPU backend cannot rewind a seeded request's generator when it splits a long prefill, so
-            there the engine seed alone makes runs reproducible.
+
+    Seeds come from the run's seed (``Seeds``): the engine's own seed differs per rank, and on a GPU each
+    request is seeded too. The CPU backend cannot rewind a seeded request's generator when it splits a long
+    prefill, so there the engine seed alone makes runs reproducible.
     """
 
     def __init__(
@@ -109,10 +103,15 @@ class VLLMEngine(RolloutEngine):
         enforce_eager: bool = False,
         tensor_parallel_size: int = 1,
         cpu_threads: str | None = None,
-        seed: int = 0,
     ) -> None:
         super().__init__()
-        self.seed = seed
+        check_choice("VLLMEngine.dtype", dtype, ("bfloat16", "float16", "float32"))
+        check_float("VLLMEngine.gpu_memory_utilization", gpu_memory_utilization, 0.0, 1.0, low_open=True)
+        if kv_cache_gib is not None:
+            check_float("VLLMEngine.kv_cache_gib", kv_cache_gib, 0.0, low_open=True)
+        if max_model_len is not None:
+            check_int("VLLMEngine.max_model_len", max_model_len, 1)
+        check_int("VLLMEngine.tensor_parallel_size", tensor_parallel_size, 1)
         self.dtype = dtype
         self.gpu_memory_utilization = gpu_memory_utilization
         self.kv_cache_gib = kv_cache_gib
@@ -149,9 +148,7 @@ class VLLMEngine(RolloutEngine):
             kv_bytes = kv_cache_bytes(policy.config, self.max_sequences, self.max_tokens, getattr(torch, self.dtype))
             if kv_bytes is not None:
                 options["block_size"] = CPU_BLOCK_SIZE  # the block size the computed size assumes
-        # vLLM warms up a chat template the engine cannot have (it takes token ids, no tokenizer) and logs the
-        # failure with a traceback; that one message is dropped (a filter: vLLM resets its loggers' levels).
-        logging.getLogger("vllm.renderers.base").addFilter(_NO_CHAT_WARMUP)
+        quiet_vllm_notices()
         self.llm = LLM(
             model=self._config_dir.name,
             load_format="dummy",
@@ -162,7 +159,7 @@ class VLLMEngine(RolloutEngine):
             max_model_len=self.max_model_len or self.max_tokens,
             enforce_eager=self.enforce_eager,
             tensor_parallel_size=self.tensor_parallel_size,
-            seed=self.seed + self.stream,
+            seed=self.seed,
             **options,
         )
         self._seed_requests = torch.cuda.is_available()
@@ -206,9 +203,8 @@ class VLLMEngine(RolloutEngine):
                 "between training steps"
             )
 
-    def generate(
-        self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]], sampling: Sampling
-    ) -> list[ResponseGroup]:
+    def generate(self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]], sampling: Sampling,
+                 n: int, seed: int) -> list[ResponseGroup]:
         if self.llm is None:
             raise RuntimeError("VLLMEngine.generate before load_weights: the engine has no weights yet")
         from vllm import SamplingParams
@@ -216,13 +212,13 @@ class VLLMEngine(RolloutEngine):
 
         stops = self.stops(self._eos)
         params = SamplingParams(
-            n=sampling.n,
+            n=n,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k,
             max_tokens=sampling.max_new_tokens,
             stop_token_ids=stops,
-            seed=self.seed_for(sampling) if self._seed_requests else None,
+            seed=seed if self._seed_requests else None,
             detokenize=False,
             logprobs=0,  # the sampled token's log-prob, for diagnostics and the weight-sync test
         )

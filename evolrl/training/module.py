@@ -11,19 +11,25 @@ Non-obvious decisions:
   mini-batch takes them from its own forward pass (the policy has not moved yet).
 * A reference model exists only when ``kl_coef > 0``.
 * Rollouts are sampled inside ``training_step`` (``RolloutRequest.sample``), after the
-  previous step's weights reached the engine; their weights version is checked.
-* A step whose gradient norm is not finite is skipped and counted, never applied.
+  previous step's weights reached the engine; their weights version is checked. The data
+  module publishes the rollout side (``Rollouts``: engine, sampling, weights version); the
+  update is a :class:`~evolrl.training.update.GRPOUpdate` the module holds.
+* A mini-batch whose gradient norm is not finite is skipped and counted, never applied.
+* A "step" is a training step everywhere: ``trainer.global_step`` (so ``max_steps``,
+  checkpoint names and ``every_n_train_steps``), the progress bar, the curves and
+  ``val_check_interval`` all count rollout batches, however many optimizer steps each takes.
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
+from torch import nn
 
 from evolrl.algorithms import group_advantages
 from evolrl.callbacks import LabelFreeDiagnostics, PassAtK, PolicyStats, SampleLogger
@@ -31,13 +37,23 @@ from evolrl.data.datamodule import RolloutRequest
 from evolrl.distributed import shard
 from evolrl.models import load_policy
 from evolrl.rewards import EvolReward, Reward
-from evolrl.training.evaluation import EvaluationSteps
-from evolrl.training.optim import Optimization, build_optimizer, total_optimizer_steps
+from evolrl.rollout import Rollouts
+from evolrl.settings import check_choice, require
+from evolrl.training.evaluation import grade_request
+from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, total_training_steps
 from evolrl.training.sequences import pack
-from evolrl.training.update import GRPOLoss, PolicyUpdate
+from evolrl.training.update import GRPOLoss, GRPOUpdate
 
 
-class EvolRLModule(PolicyUpdate, EvaluationSteps, L.LightningModule):
+@dataclass
+class Frozen:
+    """A model held outside the module tree: a plain attribute, not a submodule, so it is never trained, never in
+    checkpoints or the optimizer, and moved to the device explicitly (``on_fit_start``); rebuilt at start."""
+
+    model: nn.Module
+
+
+class EvolRLModule(L.LightningModule):
     """GRPO on a Hugging Face causal LM with a pluggable reward.
 
     Args:
@@ -46,13 +62,14 @@ class EvolRLModule(PolicyUpdate, EvaluationSteps, L.LightningModule):
         loss: Policy-loss settings.
         optim: Optimizer and schedule settings.
         mini_batch_size: Sequences per optimizer step (paper: 32, one prompt's G).
-        micro_batch_size: Sequences per forward/backward pass.
-        temperature: Sampling temperature, so log-probs are those of the sampling policy
-            (linked to ``data.temperature`` by the CLI).
+        micro_batch_size: Sequences per forward/backward pass (at most ``mini_batch_size``).
         dtype: Policy weights dtype when loaded (use ``trainer.precision`` for mixed precision).
         gradient_checkpointing: Trade compute for activation memory.
         logprob_chunk_size: Tokens per chunk in the log-prob/entropy computation.
         trust_remote_code: Allow the model repository's own code to run.
+
+    The sampling temperature (whose ``softmax(logits / T)`` the loss scores) is the data module's
+    ``sampling.temperature``, read from its published ``rollouts``.
     """
 
     def __init__(
@@ -63,77 +80,71 @@ class EvolRLModule(PolicyUpdate, EvaluationSteps, L.LightningModule):
         optim: Optimization = Optimization(),  # noqa: B008
         mini_batch_size: int = 32,
         micro_batch_size: int = 2,
-        temperature: float = 1.0,
         dtype: str = "float32",
         gradient_checkpointing: bool = False,
         logprob_chunk_size: int = 1024,
         trust_remote_code: bool = False,
     ) -> None:
         super().__init__()
+        require(bool(model), "EvolRLModule.model", model, "a Hub name, a directory, a .gguf file or pkg://package/file")
+        check_choice("EvolRLModule.dtype", dtype, ("float32", "bfloat16", "float16"))
         # Plain values only, so checkpoints load with torch.load(weights_only=True).
         self.save_hyperparameters({
             "model": model, "loss": asdict(loss), "optim": asdict(optim), "mini_batch_size": mini_batch_size,
-            "micro_batch_size": micro_batch_size, "temperature": temperature, "dtype": dtype,
+            "micro_batch_size": micro_batch_size, "dtype": dtype,
             "gradient_checkpointing": gradient_checkpointing, "logprob_chunk_size": logprob_chunk_size,
         })
         self.automatic_optimization = False
         self.model_name = model
         self.reward = reward if reward is not None else EvolReward()
-        self.loss_cfg = loss
+        self.update = GRPOUpdate(loss, mini_batch_size, micro_batch_size, logprob_chunk_size, optim.max_grad_norm)
         self.optim_cfg = optim
-        self.mini_batch_size = mini_batch_size
-        self.micro_batch_size = micro_batch_size
-        self.temperature = temperature
         self.dtype_name = dtype
         self.gradient_checkpointing = gradient_checkpointing
-        self.logprob_chunk_size = logprob_chunk_size
         self.trust_remote_code = trust_remote_code
         self.policy = None
-        self.__dict__["reference"] = None  # see configure_model
-        self.weights_pushed = 0
-        self._engine_loaded = False
-        self.skipped_steps = 0
+        self.reference: Frozen | None = None
+        self.rollouts: Rollouts | None = None
         self.steps_seen = 0
         self.steps_without_signal = 0
 
     # ---- set-up -------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        rollouts = getattr(self.trainer.datamodule, "rollouts", None)
+        if not isinstance(rollouts, Rollouts):
+            raise TypeError("EvolRLModule needs evolrl's RolloutDataModule (or a data module that publishes "
+                            "`rollouts`, an evolrl.rollout.Rollouts)")
+        self.rollouts = rollouts
+        precision = str(self.trainer.precision)
+        require(not precision.startswith("16"), "trainer.precision", precision,
+                "bf16-mixed, bf16-true or 32 (float16 would need loss scaling, which the manual update does not do)")
+
     def configure_model(self) -> None:
         if self.policy is not None:
             return
         self.policy = load_policy(self.model_name, self.dtype_name, self.trust_remote_code).train()
         if self.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if self.loss_cfg.kl_coef > 0:
-            # Kept out of the module tree: frozen, in eval mode, and not part of checkpoints.
-            self.__dict__["reference"] = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        if self.update.loss.kl_coef > 0:
+            self.reference = Frozen(copy.deepcopy(self.policy).eval().requires_grad_(False))
         if self.device_mesh is not None:  # ModelParallelStrategy: FSDP2 over the data-parallel ranks
             shard(self.policy, self.device_mesh["data_parallel"])
             if self.reference is not None:
-                shard(self.reference, self.device_mesh["data_parallel"])
+                shard(self.reference.model, self.device_mesh["data_parallel"])
 
     def configure_optimizers(self):
-        total = total_optimizer_steps(self.trainer, self.trainer.datamodule, self.mini_batch_size)
+        steps = total_training_steps(self.trainer, self.trainer.datamodule.steps_per_epoch())
+        total = steps * self.update.optimizer_steps(self.rollouts.sequences_per_step)
         optimizer, scheduler = build_optimizer(list(self.policy.parameters()), self.optim_cfg, total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
-    @property
-    def engine(self):
-        return self.trainer.datamodule.engine
-
     def push_weights(self, new_version: bool = True) -> None:
-        """Hand the current weights to the rollout engine as version ``weights_pushed - 1``.
-
-        ``new_version=False`` re-sends the current version (a resumed run, or evaluation only).
-        """
-        if new_version or self.weights_pushed == 0:
-            self.weights_pushed += 1
-        self.engine.load_weights(self.policy, version=self.weights_pushed - 1)
-        self._engine_loaded = True
+        """Hand the current weights to the rollout engine (``Rollouts.push``)."""
+        self.rollouts.push(self.policy, new_version)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["evolrl"] = {
-            "weights_pushed": self.weights_pushed,
-            "skipped_steps": self.skipped_steps,
+            "skipped_steps": self.update.skipped_steps,
             "steps_seen": self.steps_seen,
             "steps_without_signal": self.steps_without_signal,
             "torch_rng_state": torch.get_rng_state(),  # dropout in the policy, if any
@@ -143,40 +154,40 @@ class EvolRLModule(PolicyUpdate, EvaluationSteps, L.LightningModule):
         state = checkpoint.get("evolrl")
         if state is None:
             return
-        self.weights_pushed = state["weights_pushed"]
-        self.skipped_steps = state["skipped_steps"]
+        self.update.skipped_steps = state["skipped_steps"]
         self.steps_seen = state["steps_seen"]
         self.steps_without_signal = state["steps_without_signal"]
         torch.set_rng_state(state["torch_rng_state"])
-        self._engine_loaded = False  # the restored weights still have to reach the engine
 
     def on_fit_start(self) -> None:
         if self.reference is not None:
-            self.reference.to(self.device)
+            self.reference.model.to(self.device)
 
     def on_train_start(self) -> None:
         # Not in on_fit_start: with a sharded checkpoint Lightning restores it only after on_fit_start.
-        if not self._engine_loaded:
+        if not self.rollouts.loaded:
             self.push_weights(new_version=False)  # version 0, or the resumed checkpoint's version
 
     # ---- one training step --------------------------------------------------------------
     def training_step(self, request: RolloutRequest, batch_idx: int) -> dict:
         t0 = time.perf_counter()
         rollouts = request.sample()
-        if rollouts.weights_version != self.weights_pushed - 1:
+        if rollouts.weights_version != self.rollouts.version:
             raise RuntimeError(
                 f"stale rollouts: sampled with weights version {rollouts.weights_version}, "
-                f"but the policy is at version {self.weights_pushed - 1}"
+                f"but the policy is at version {self.rollouts.version}"
             )
         t1 = time.perf_counter()
         scored = self.reward(rollouts)  # [P, V]
         t2 = time.perf_counter()
         rewards = scored.rewards.gather(1, rollouts.trained)  # [P, G]
-        advantages = group_advantages(rewards, self.loss_cfg.scale_by_std)  # [P, G]
+        advantages = group_advantages(rewards, self.update.loss.scale_by_std)  # [P, G]
         self._check_signal(advantages)
-        seqs = pack(rollouts, advantages, self.trainer.datamodule.tokenizer.pad_token_id).to(self.device)
-        old_logp, ref_logp = self._reference_logprobs(seqs)
-        stats = self._update(seqs, old_logp, ref_logp)
+        seqs = pack(rollouts, advantages, self.rollouts.pad_token_id).to(self.device)
+        optimizer = CountedOnce(self.optimizers(), self.trainer.strategy, len(self.update.plan(len(seqs))))
+        stats = self.update(self.policy, self.reference.model if self.reference else None, seqs,
+                            self.rollouts.temperature, optimizer, self.lr_schedulers(), self.manual_backward,
+                            self.trainer.world_size)
         t3 = time.perf_counter()
         self.push_weights()
         t4 = time.perf_counter()
@@ -184,7 +195,7 @@ class EvolRLModule(PolicyUpdate, EvaluationSteps, L.LightningModule):
         stats |= {
             "advantage_abs": advantages.abs().mean().item(),
             "lr": self.lr_schedulers().get_last_lr()[0],
-            "skipped_steps": float(self.skipped_steps),
+            "skipped_steps": float(self.update.skipped_steps),
         }
         timing = {"step": t4 - t0, "sample": t1 - t0, "reward": t2 - t1, "update": t3 - t2, "sync": t4 - t3}
         # Entropy, lengths and the label-free diagnostics are logged by the callbacks (evolrl.callbacks),
@@ -196,6 +207,19 @@ class EvolRLModule(PolicyUpdate, EvaluationSteps, L.LightningModule):
                "len": seqs.response_mask.sum(-1).float().mean().item(), "step_s": timing["step"]}
         self.log_dict(bar, prog_bar=True, logger=False, on_step=True, batch_size=len(seqs))
         return {"rollouts": rollouts, "rewards": scored, "stats": stats, "timing": timing}
+
+    # ---- evaluation ---------------------------------------------------------------------
+    def on_validation_start(self) -> None:
+        if not self.rollouts.loaded:  # `validate`/`test` without `fit`
+            self.push_weights(new_version=False)
+
+    on_test_start = on_validation_start
+
+    def validation_step(self, request: RolloutRequest, batch_idx: int, dataloader_idx: int = 0) -> dict:
+        """``{dataset, answers, correct, rollouts}``; answers and correctness are ``[problems][n]``."""
+        return grade_request(request)
+
+    test_step = validation_step
 
     def configure_callbacks(self):
         """evolrl's metric callbacks, unless the trainer was given its own of the same kind."""
@@ -213,3 +237,4 @@ class EvolRLModule(PolicyUpdate, EvaluationSteps, L.LightningModule):
                 f"(e.g. every response invalid or identical), so every advantage is 0; "
                 f"{self.steps_without_signal} of {self.steps_seen} steps so far had no reward signal"
             )
+

@@ -1,4 +1,4 @@
-"""AdamW with linear warmup and cosine decay, stepped once per optimizer step."""
+"""AdamW with linear warmup and cosine decay, stepped once per optimizer step; the run's length in steps."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import math
 from dataclasses import dataclass
 
 import torch
+from lightning.pytorch.core.optimizer import LightningOptimizer
 from torch import nn
+
+from evolrl.settings import check_float, require
 
 
 @dataclass
@@ -25,6 +28,16 @@ class Optimization:
     """Cosine decays to ``lr * min_lr_ratio``."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip; a step whose norm is not finite is skipped."""
+
+    def __post_init__(self) -> None:
+        check_float("Optimization.lr", self.lr, 0.0)
+        require(len(self.betas) == 2, "Optimization.betas", self.betas, "two numbers in [0, 1)")
+        for beta in self.betas:
+            check_float("Optimization.betas", beta, 0.0, 1.0, high_open=True)
+        check_float("Optimization.weight_decay", self.weight_decay, 0.0)
+        check_float("Optimization.warmup_ratio", self.warmup_ratio, 0.0, 1.0)
+        check_float("Optimization.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        check_float("Optimization.max_grad_norm", self.max_grad_norm, 0.0, low_open=True)
 
 
 def warmup_cosine(step: int, total: int, warmup_ratio: float, min_lr_ratio: float = 0.0) -> float:
@@ -51,16 +64,39 @@ def build_optimizer(params: list[nn.Parameter], cfg: Optimization, total_steps: 
     return optimizer, scheduler
 
 
-def total_optimizer_steps(trainer, data, mini_batch_size: int) -> int:
-    """Optimizer steps in the whole run, for the schedule.
+def total_training_steps(trainer, steps_per_epoch: int) -> int:
+    """Training steps in the whole run: ``trainer.max_steps`` if set, else epochs x (limited) steps per epoch.
 
-    Counted from the data module rather than with ``trainer.estimated_stepping_batches``, which
-    builds the train loader before a checkpoint's loader position is restored, and so loses it.
+    ``steps_per_epoch`` comes from the data module rather than ``trainer.estimated_stepping_batches``,
+    which builds the train loader before a checkpoint's loader position is restored, and so loses it.
     """
     if trainer.max_steps and trainer.max_steps > 0:
         return trainer.max_steps
-    batches = len(data.train_items) // (data.prompts_per_step * trainer.world_size)
     limit = trainer.limit_train_batches
-    batches = min(batches, int(limit)) if isinstance(limit, int) else int(batches * (limit or 1.0))
-    per_step = -(-data.prompts_per_step * data.trained_samples // mini_batch_size)
-    return max(1, batches * max(1, trainer.max_epochs or 1) * per_step)
+    batches = min(steps_per_epoch, int(limit)) if isinstance(limit, int) else int(steps_per_epoch * (limit or 1.0))
+    return max(1, batches * max(1, trainer.max_epochs or 1))
+
+
+class CountedOnce:
+    """The optimizer as the update sees it during one training step of ``steps`` optimizer steps.
+
+    Every step runs through Lightning's strategy (precision plugin, ``on_before_optimizer_step`` hooks), but
+    only the last goes through the ``LightningOptimizer``, whose steps Lightning counts: so
+    ``trainer.global_step`` counts training steps, like the progress bar and the curves.
+    """
+
+    def __init__(self, optimizer: LightningOptimizer, strategy, steps: int) -> None:
+        self.optimizer = optimizer
+        self.strategy = strategy
+        self.steps = steps
+        self.calls = 0
+
+    def step(self) -> None:
+        self.calls += 1
+        if self.calls == self.steps:
+            self.optimizer.step()
+        else:
+            self.strategy.optimizer_step(self.optimizer.optimizer, closure=lambda: None)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)

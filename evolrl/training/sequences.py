@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from evolrl.algorithms.logprobs import logprobs_and_entropy
 from evolrl.types import RolloutBatch
 
 
@@ -64,32 +61,3 @@ def pack(rollouts: RolloutBatch, advantages: Tensor, pad_id: int) -> Sequences:
         attention[i, : len(row)] = 1
         response[i, start - 1 : len(row) - 1] = True  # logits at t predict token t + 1
     return Sequences(input_ids, attention, response, advantages.reshape(-1).float())
-
-
-def micro_batch_plan(n: int, mini_batch_size: int, micro_batch_size: int) -> list[list[tuple[int, int]]]:
-    """Row ranges ``(start, stop)`` of each micro-batch, grouped by mini-batch (one optimizer step each)."""
-    plan = []
-    for mb_start in range(0, n, mini_batch_size):
-        mb_stop = min(mb_start + mini_batch_size, n)
-        plan.append([(start, min(start + micro_batch_size, mb_stop))
-                     for start in range(mb_start, mb_stop, micro_batch_size)])
-    return plan
-
-
-def sequence_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int) -> tuple[Tensor, Tensor]:
-    """``(log-prob, entropy)`` of every next token, ``[N, T - 1]``, under ``softmax(logits / temperature)``.
-
-    Only positions from the first response token on get logits (the LM head and the log-softmax over the
-    vocabulary are the costly part of a small model's step); earlier positions are returned as 0.
-    """
-    width = seqs.input_ids.shape[1]
-    first = int(seqs.response_mask.any(0).nonzero()[0]) if seqs.response_mask.any() else width - 1
-    keep = {"logits_to_keep": width - first} if _takes_logits_to_keep(model) else {}
-    logits = model(input_ids=seqs.input_ids, attention_mask=seqs.attention_mask, use_cache=False, **keep).logits
-    logits = logits[:, -(width - first) :] if not keep else logits  # models without logits_to_keep
-    logp, entropy = logprobs_and_entropy(logits[:, :-1], seqs.input_ids[:, first + 1 :], temperature, chunk_size)
-    return F.pad(logp, (first, 0)), F.pad(entropy, (first, 0))
-
-
-def _takes_logits_to_keep(model) -> bool:
-    return "logits_to_keep" in inspect.signature(model.forward).parameters

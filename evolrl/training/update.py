@@ -3,20 +3,28 @@
 One training step = one rollout batch, split into mini-batches (one optimizer step each, in
 order, one PPO epoch) and micro-batches (gradient accumulation). The loss normalizer is fixed
 per mini-batch before the micro-batch loop, so the micro-batch size does not change the math;
-across ranks it is the global token count. Loss terms are summed on the device and read once.
+across ranks it is the global count. Loss terms are summed on the device and read once.
+
+:class:`GRPOUpdate` holds the settings and owns the micro-batch plan and the forward pass; the
+policy, the reference, the sequences, the optimizer and the schedule are arguments, so it runs
+without a Trainer (``tests/test_update.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
 import torch
+from torch import Tensor, nn
 
-from evolrl.algorithms import aggregate, clipped_surrogate, low_var_kl
+from evolrl.algorithms import AGGREGATIONS, aggregate, clipped_surrogate, low_var_kl, normalizer_count
 from evolrl.distributed import global_sum
-from evolrl.training.sequences import Sequences, micro_batch_plan, sequence_logprobs
+from evolrl.settings import check_choice, check_float, check_int, require
+from evolrl.training.forward import sequence_logprobs
+from evolrl.training.sequences import Sequences
 
 
 @dataclass
@@ -38,51 +46,104 @@ class GRPOLoss:
     scale_by_std: bool = True
     """Divide advantages by the group's std (GRPO); ``false`` is Dr. GRPO."""
 
+    def __post_init__(self) -> None:
+        check_float("GRPOLoss.clip_low", self.clip_low, 0.0, 1.0, high_open=True)
+        check_float("GRPOLoss.clip_high", self.clip_high, 0.0)
+        if self.dual_clip is not None:
+            check_float("GRPOLoss.dual_clip", self.dual_clip, 1.0, low_open=True)
+        check_float("GRPOLoss.kl_coef", self.kl_coef, 0.0)
+        check_float("GRPOLoss.entropy_coef", self.entropy_coef, 0.0)
+        check_choice("GRPOLoss.aggregation", self.aggregation, AGGREGATIONS)
 
-class PolicyUpdate:
-    """Mixed into the LightningModule; uses its ``policy``, ``reference``, ``loss_cfg``, ``optim_cfg``,
-    batch sizes and optimizers."""
 
-    def _forward(self, model, seqs: Sequences) -> tuple[torch.Tensor, torch.Tensor]:
-        return sequence_logprobs(model, seqs, self.temperature, self.logprob_chunk_size)
+def micro_batch_plan(n: int, mini_batch_size: int, micro_batch_size: int) -> list[list[tuple[int, int]]]:
+    """Row ranges ``(start, stop)`` of each micro-batch, grouped by mini-batch (one optimizer step each)."""
+    plan = []
+    for mb_start in range(0, n, mini_batch_size):
+        mb_stop = min(mb_start + mini_batch_size, n)
+        plan.append([(start, min(start + micro_batch_size, mb_stop))
+                     for start in range(mb_start, mb_stop, micro_batch_size)])
+    return plan
 
-    def _plan(self, n: int) -> list[list[tuple[int, int]]]:
+
+class GRPOUpdate:
+    """GRPO's clipped surrogate (+ KL, - entropy bonus) over one step's sequences, one optimizer step per mini-batch.
+
+    Args:
+        loss: The loss settings.
+        mini_batch_size: Sequences per optimizer step.
+        micro_batch_size: Sequences per forward/backward pass (at most ``mini_batch_size``).
+        chunk_size: Tokens per chunk of the log-prob/entropy computation.
+        max_grad_norm: Gradient-norm clip; a mini-batch whose norm is not finite is skipped and counted.
+    """
+
+    def __init__(self, loss: GRPOLoss, mini_batch_size: int, micro_batch_size: int, chunk_size: int,
+                 max_grad_norm: float) -> None:
+        check_int("EvolRLModule.mini_batch_size", mini_batch_size, 1)
+        check_int("EvolRLModule.micro_batch_size", micro_batch_size, 1)
+        require(micro_batch_size <= mini_batch_size, "EvolRLModule.micro_batch_size", micro_batch_size,
+                f"at most mini_batch_size={mini_batch_size} (a micro-batch is part of one mini-batch)")
+        check_int("EvolRLModule.logprob_chunk_size", chunk_size, 1)
+        self.loss = loss
+        self.mini_batch_size = mini_batch_size
+        self.micro_batch_size = micro_batch_size
+        self.chunk_size = chunk_size
+        self.max_grad_norm = max_grad_norm
+        self.skipped_steps = 0
+        """Optimizer steps skipped so far because the gradient norm was not finite."""
+
+    def plan(self, n: int) -> list[list[tuple[int, int]]]:
         return micro_batch_plan(n, self.mini_batch_size, self.micro_batch_size)
 
+    def optimizer_steps(self, sequences_per_step: int) -> int:
+        """Optimizer steps (mini-batches) in one training step of ``sequences_per_step`` sequences."""
+        return len(self.plan(sequences_per_step))
+
+    def forward(self, model: nn.Module, seqs: Sequences, temperature: float) -> tuple[Tensor, Tensor]:
+        return sequence_logprobs(model, seqs, temperature, self.chunk_size)
+
     @torch.no_grad()
-    def _reference_logprobs(self, seqs: Sequences) -> tuple[list[torch.Tensor | None], list[torch.Tensor] | None]:
-        """Per micro-batch (in :meth:`_plan` order) log-probs of the policy before the update and of the reference.
+    def old_and_reference_logprobs(self, policy: nn.Module, reference: nn.Module | None, seqs: Sequences,
+                                   temperature: float) -> tuple[list[Tensor | None], list[Tensor] | None]:
+        """Per micro-batch (in :meth:`plan` order) log-probs of the policy before the update and of the reference.
 
         The first mini-batch's old log-probs are ``None``: the policy has not changed yet when it is trained on,
         so its own forward pass gives them (detached) and a separate pass would compute the same numbers.
         """
-        plan = self._plan(len(seqs))
-        old, ref = [None] * len(plan[0]), [] if self.reference is not None else None
+        plan = self.plan(len(seqs))
+        old, ref = [None] * len(plan[0]), [] if reference is not None else None
         for i, (start, stop) in enumerate(r for mini in plan for r in mini):
             part = seqs.slice(start, stop)
             if i >= len(plan[0]):
-                old.append(self._forward(self.policy, part)[0])
+                old.append(self.forward(policy, part, temperature)[0])
             if ref is not None:
-                ref.append(self._forward(self.reference, part)[0])
+                ref.append(self.forward(reference, part, temperature)[0])
         return old, ref
 
-    def _update(self, seqs: Sequences, old_logp, ref_logp) -> dict[str, float]:
-        cfg = self.loss_cfg
-        opt, sched = self.optimizers(), self.lr_schedulers()
-        sums: dict[str, torch.Tensor] = {}  # summed on the device, read once at the end (no per-term sync)
-        plan = self._plan(len(seqs))
+    def __call__(self, policy: nn.Module, reference: nn.Module | None, seqs: Sequences, temperature: float,
+                 optimizer, scheduler, backward: Callable[[Tensor], None] = Tensor.backward,
+                 world_size: int = 1) -> dict[str, float]:
+        """Train on ``seqs``; the mean of each loss term over the mini-batches.
+
+        ``optimizer.step()`` is called once per mini-batch, a skipped one included (its gradients dropped
+        first, so nothing moves), and ``scheduler.step()`` after every applied one. ``backward`` is the
+        caller's (Lightning's ``manual_backward``); ``world_size`` scales the global normalizer because
+        data-parallel gradients are averaged.
+        """
+        cfg = self.loss
+        old_logp, ref_logp = self.old_and_reference_logprobs(policy, reference, seqs, temperature)
+        sums: dict[str, Tensor] = {}  # summed on the device, read once at the end (no per-term sync)
+        plan = self.plan(len(seqs))
         index = -1  # position in the flattened plan, matching old_logp / ref_logp
         for minibatch in plan:
             mb_start, mb_stop = minibatch[0][0], minibatch[-1][1]
-            mask = seqs.response_mask[mb_start:mb_stop]
-            # Fixed before the micro-batch loop: accumulation does not change the loss. Across ranks it is the
-            # global count, scaled by the world size because data-parallel gradients are averaged.
-            local = mask.sum() if cfg.aggregation == "token_mean" else torch.tensor(mb_stop - mb_start)
-            normalizer = global_sum(local.float()) / self.trainer.world_size
+            # Fixed before the micro-batch loop: accumulation does not change the loss.
+            local = normalizer_count(seqs.response_mask[mb_start:mb_stop], cfg.aggregation)
+            normalizer = global_sum(local.float()) / world_size
             for start, stop in minibatch:
                 index += 1
                 part = seqs.slice(start, stop)
-                logp, entropy = self._forward(self.policy, part)
+                logp, entropy = self.forward(policy, part, temperature)
                 old = old_logp[index] if old_logp[index] is not None else logp.detach()
                 pg, clips = clipped_surrogate(logp, old, part.advantages[:, None],
                                               cfg.clip_low, cfg.clip_high, cfg.dual_clip)
@@ -92,19 +153,21 @@ class PolicyUpdate:
                 if ref_logp is not None:
                     terms["kl"] = agg(low_var_kl(logp, ref_logp[index]))
                     loss = loss + cfg.kl_coef * terms["kl"]
-                self.manual_backward(loss)
+                backward(loss)
                 terms["loss"] = loss
                 terms |= {f"{name}_frac": agg(flag.float()) for name, flag in clips.items()}
                 for name, value in terms.items():
                     sums[name] = sums.get(name, 0.0) + value.detach().float()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.optim_cfg.max_grad_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), self.max_grad_norm)
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP2
-            if torch.isfinite(grad_norm):  # the one host sync per optimizer step
-                opt.step()
-                sched.step()
-            else:
+            applied = bool(torch.isfinite(grad_norm))  # the one host sync per optimizer step
+            if not applied:
+                optimizer.zero_grad(set_to_none=True)  # the step below then moves nothing
                 self.skipped_steps += 1
-            opt.zero_grad()
+            optimizer.step()
+            if applied:
+                scheduler.step()
+            optimizer.zero_grad()
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm.detach().float()
         values = torch.stack(list(sums.values())).div(len(plan)).tolist()
         return dict(zip(sums, values))

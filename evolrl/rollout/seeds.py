@@ -1,0 +1,38 @@
+"""Every random stream of a run, derived from one seed in one place.
+
+A stream is a function of the run's seed and of what it is for: the weights version (so a resumed
+run draws the same numbers as the uninterrupted one), the rank (so ranks draw different samples)
+and the epoch. Nothing else in evolrl derives a seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from evolrl.settings import check_int
+
+
+@dataclass(frozen=True)
+class Seeds:
+    """The seeds of a run with base seed ``seed``."""
+
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_int("seed", self.seed, 0)
+
+    def engine(self, rank: int) -> int:
+        """The rollout engine's own seed on ``rank`` (vLLM's CPU backend samples from this stream alone)."""
+        return self.seed + rank
+
+    def sampling(self, version: int, rank: int, evaluation: bool = False) -> int:
+        """The seed of one ``generate`` call with weights ``version`` on ``rank``; evaluation has its own stream."""
+        return self.seed + int(evaluation) + 7919 * (version + 1) + 1_000_003 * rank
+
+    def trained_subset(self, version: int) -> int:
+        """The draw of the G trained responses out of the V sampled ones, at weights ``version``."""
+        return self.seed * 1_000_003 + version
+
+    def shuffle(self, epoch: int) -> int:
+        """The order of the training prompts in ``epoch``."""
+        return self.seed + epoch

@@ -1,0 +1,49 @@
+"""The GRPO update as an object, without a Trainer: a plain optimizer, schedule and backward."""
+
+from __future__ import annotations
+
+import torch
+
+from evolrl.models import load_policy
+from evolrl.training.sequences import Sequences
+from evolrl.training.update import GRPOLoss, GRPOUpdate
+
+
+def sequences(vocab: int, advantages: list[float]) -> Sequences:
+    generator = torch.Generator().manual_seed(0)
+    n = len(advantages)
+    ids = torch.randint(3, vocab, (n, 10), generator=generator)
+    attention = torch.ones_like(ids)
+    attention[1, 8:] = 0  # a shorter row
+    response = torch.zeros(n, 9, dtype=torch.bool)
+    response[:, 3:] = True
+    response[1, 7:] = False
+    return Sequences(ids, attention, response, torch.tensor(advantages))
+
+
+def run(tiny_model, advantages, **loss):
+    policy = load_policy(tiny_model)
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    reference = load_policy(tiny_model).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    update = GRPOUpdate(GRPOLoss(**loss), mini_batch_size=2, micro_batch_size=1, chunk_size=7, max_grad_norm=1.0)
+    stats = update(policy, reference, sequences(policy.config.vocab_size, advantages), 0.7, optimizer, scheduler)
+    return update, stats, before, policy, scheduler
+
+
+def test_the_update_runs_without_a_trainer(tiny_model):
+    update, stats, before, policy, scheduler = run(tiny_model, [1.0, -1.0, 0.5, -0.5])
+    assert set(stats) >= {"loss", "pg_loss", "entropy", "kl", "grad_norm", "clip_low_frac", "clip_high_frac"}
+    assert all(torch.isfinite(torch.tensor(list(stats.values()))))
+    assert scheduler.last_epoch == 2  # one schedule step per mini-batch (4 sequences / 2)
+    assert update.skipped_steps == 0
+    after = policy.state_dict()
+    assert all(not torch.equal(after[k], before[k]) for k in before)
+
+
+def test_a_non_finite_mini_batch_is_skipped_and_moves_nothing(tiny_model):
+    update, stats, before, policy, scheduler = run(tiny_model, [float("nan")] * 4)
+    assert update.skipped_steps == 2 and scheduler.last_epoch == 0
+    after = policy.state_dict()
+    assert all(torch.equal(after[k], before[k]) for k in before)
