@@ -24,10 +24,22 @@ class EvolRLCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         # Settings are checked as each object is built (evolrl.settings): report a bad one as a usage error.
+        # jsonargparse wraps an error raised inside a class chosen by ``class_path`` (a reward, an
+        # evaluation set, a grader) in its own ValueError: the SettingError is then in the cause chain.
         try:
             super().instantiate_classes()
-        except SettingError as err:
-            self.parser.error(f"{err} (in the configuration of `{self.subcommand}`)")
+        except (SettingError, ValueError) as err:
+            setting = _setting_error(err)
+            if setting is None:
+                raise
+            self.parser.error(f"{setting} (in the configuration of `{self.subcommand}`)")
+
+
+def _setting_error(err: BaseException | None) -> SettingError | None:
+    """The SettingError ``err`` is or was raised from, if any."""
+    while err is not None and not isinstance(err, SettingError):
+        err = err.__cause__ or err.__context__
+    return err
 
 
 def main(args: list[str] | None = None) -> EvolRLCLI:

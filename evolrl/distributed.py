@@ -36,15 +36,6 @@ def global_sum(value: torch.Tensor) -> float:
     return float(value)
 
 
-def gather_objects(value) -> list:
-    """``value`` from every rank, in rank order (``[value]`` when not distributed)."""
-    if world_size() == 1:
-        return [value]
-    out = [None] * world_size()
-    dist.all_gather_object(out, value)
-    return out
-
-
 class ModelParallelStrategy(_LightningModelParallelStrategy):
     """Lightning's ``ModelParallelStrategy`` (FSDP2), with sharded checkpoints written atomically.
 

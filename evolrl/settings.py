@@ -9,6 +9,7 @@ usage error instead of a traceback.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from typing import Any
 
@@ -35,7 +36,7 @@ def check_float(key: str, value: Any, low: float | None = None, high: float | No
     """``value`` is a finite number within the bounds (closed unless ``*_open``)."""
     bounds = _bounds(low, high, "(" if low_open else "[", ")" if high_open else "]")
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    require(number and value == value and abs(value) != float("inf"), key, value, f"a finite number {bounds}".rstrip())
+    require(number and math.isfinite(value), key, value, f"a finite number {bounds}".rstrip())
     above = low is None or (value > low if low_open else value >= low)
     below = high is None or (value < high if high_open else value <= high)
     require(above and below, key, value, f"a number {bounds}")

@@ -14,7 +14,7 @@ import yaml
 
 from evolrl.cli import main
 from evolrl.data import DataError, PromptFile, RolloutDataModule
-from evolrl.rewards import EmbedderError, EvolReward, SentenceTransformerEmbedder
+from evolrl.rewards import EmbedderError, EvolReward, NoveltyBands, SentenceTransformerEmbedder
 from evolrl.rollout import HFEngine, Sampling
 from evolrl.types import Prompt, ResponseGroup, RolloutBatch
 
@@ -96,7 +96,7 @@ def test_missing_gguf_package_says_how_to_install():
 def test_embedder_that_cannot_load(tmp_path):
     batch = RolloutBatch((ResponseGroup(Prompt("p", "q"), (r"\boxed{1}", r"\boxed{2}")),))
     with pytest.raises(EmbedderError, match="could not load the sentence-transformers model"):
-        EvolReward(embedder=SentenceTransformerEmbedder(str(tmp_path / "no-embedder")))(batch)
+        EvolReward(NoveltyBands(SentenceTransformerEmbedder(str(tmp_path / "no-embedder"))))(batch)
 
 
 def test_all_responses_invalid_gives_zero_advantages_and_a_warning(tiny_model):
@@ -306,3 +306,202 @@ def test_float16_precision_is_refused_at_start(tiny_model):
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     with pytest.raises(SettingError, match="trainer.precision=.16-true. is not allowed: bf16-mixed"):
         trainer.fit(module, data)
+
+
+# ---- metric callbacks and metrics (evolrl.callbacks, evolrl.metrics) ------------------------------------------
+def _callbacks():
+    from evolrl import callbacks
+
+    return callbacks
+
+
+def _metrics():
+    from evolrl import metrics
+
+    return metrics
+
+
+CALLBACK_SETTINGS = [
+    # (build, key, value, allowed range in the message)
+    (lambda: _callbacks().PassAtK(pass_ks=[0, 4]), "PassAtK.pass_ks", "[0, 4]", "a non-empty list of integers >= 1"),
+    (lambda: _callbacks().PassAtK(pass_ks=[]), "PassAtK.pass_ks", "[]", "a non-empty list of integers >= 1"),
+    (lambda: _callbacks().PassAtK(maj_ks=[-16]), "PassAtK.maj_ks", "[-16]", "a non-empty list of integers >= 1"),
+    (lambda: _callbacks().PassAtK(maj_ks=[]), "PassAtK.maj_ks", "[]", "a non-empty list of integers >= 1"),
+    (lambda: _callbacks().PassAtK(extract=None), "PassAtK.extract", "None", "a callable"),
+    (lambda: _callbacks().PassAtK(output_dir=""), "PassAtK.output_dir", "''", "a non-empty path"),
+    (lambda: _callbacks().SampleLogger(rows=0), "SampleLogger.rows", "0", "an integer >= 1"),
+    (lambda: _callbacks().SampleLogger(every_n_steps=0), "SampleLogger.every_n_steps", "0", "an integer >= 1"),
+    (lambda: _callbacks().SampleLogger(tag=""), "SampleLogger.tag", "''", "a non-empty string"),
+    (lambda: _callbacks().SampleLogger(extract="evolrl_train_view"), "SampleLogger.extract", "'evolrl_train_view'",
+     "a callable"),
+    (lambda: _callbacks().LabelFreeDiagnostics(prefix=""), "LabelFreeDiagnostics.prefix", "''", "a non-empty string"),
+    (lambda: _callbacks().PolicyStats(prefix=""), "PolicyStats.prefix", "''", "a non-empty string"),
+    (lambda: _callbacks().PolicyStats(extract=None), "PolicyStats.extract", "None", "a callable"),
+    (lambda: _metrics().PassAtKMetric(k=0), "PassAtKMetric.k", "0", "an integer >= 1"),
+    (lambda: _metrics().MajAtKMetric(k=0), "MajAtKMetric.k", "0", "an integer >= 1"),
+    (lambda: _metrics().EvalScores(pass_ks=[1, 0]), "EvalScores.pass_ks", "[1, 0]", "a list of integers >= 1"),
+    (lambda: _metrics().EvalScores(pass_ks=[], maj_ks=[]), "EvalScores.pass_ks", "()", "at least one k"),
+]
+
+
+@pytest.mark.parametrize(("build", "key", "value", "allowed"), CALLBACK_SETTINGS,
+                         ids=[f"{c[1]}={c[2]}" for c in CALLBACK_SETTINGS])
+def test_an_out_of_range_callback_or_metric_setting_fails_when_built(build, key, value, allowed):
+    from evolrl.settings import SettingError
+
+    with pytest.raises(SettingError) as err:
+        build()
+    message = str(err.value)
+    assert f"{key}={value}" in message and allowed in message, message
+
+
+def test_a_pass_k_above_the_samples_per_problem_stops_the_first_evaluation_batch(tmp_path, tiny_model, monkeypatch):
+    from evolrl.settings import SettingError
+
+    monkeypatch.setattr("sys.argv", ["evolrl"])
+    config = {
+        "trainer": {"accelerator": "cpu", "logger": False, "enable_progress_bar": False,
+                    "default_root_dir": str(tmp_path),  # where the CLI saves the resolved config
+                    "callbacks": [{"class_path": "evolrl.callbacks.PassAtK", "init_args": {"pass_ks": [1, 16]}}]},
+        "model": {"model": tiny_model},
+        "data": {"train": {"class_path": "evolrl.data.AdditionPrompts", "init_args": {"count": 4}},
+                 "engine": {"class_path": "evolrl.rollout.HFEngine"}, "prompts_per_step": 2, "vote_samples": 2,
+                 "trained_samples": 2,
+                 "eval_sets": [{"class_path": "evolrl.data.EvalSet", "init_args": {
+                     "name": "addition", "source": {"class_path": "evolrl.data.AdditionPrompts",
+                                                    "init_args": {"count": 2, "seed": 1}}}}],
+                 "eval_samples": 4, "eval_sampling": {"max_new_tokens": 4}},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(SettingError, match=r"PassAtK.pass_ks=\[1, 16\] is not allowed: pass@16 needs at least 16 "
+                                           r"samples per problem, but evaluation set 'addition' has 4; raise "
+                                           r"data.eval_samples to 16 or more"):
+        main(["validate", "--config", str(path)])
+
+
+# ---- settings of the rewards, the embedder, the graders and the prompt sources (rewards/, grading, sources) ----
+def _grading():
+    from evolrl.metrics import grading
+
+    return grading
+
+
+def _sources():
+    from evolrl import data
+
+    return data
+
+
+def _reward_cls(name):
+    from evolrl import rewards
+
+    return getattr(rewards, name)
+
+
+REWARD_AND_SOURCE_SETTINGS = [
+    # (build, key, value, allowed range in the message)
+    (lambda: EvolReward(valid_rule="numbers"), "EvolReward.valid_rule", "'numbers'", "one of 'digit', 'nonempty'"),
+    (lambda: _reward_cls("MajorityVoteReward")(valid_rule="boxed"), "MajorityVoteReward.valid_rule", "'boxed'",
+     "one of 'digit', 'nonempty', 'any'"),
+    (lambda: _reward_cls("VerifierReward")(valid_rule=""), "VerifierReward.valid_rule", "''", "one of 'digit'"),
+    (lambda: EvolReward(number_fallback="yes"), "EvolReward.number_fallback", "'yes'", "true or false"),
+    (lambda: _reward_cls("MajorityVoteReward")(number_fallback=None), "MajorityVoteReward.number_fallback", "None",
+     "true or false"),
+    (lambda: EvolReward(novelty={"alpha": 0.3}), "EvolReward.novelty", "{'alpha': 0.3}",
+     "an evolrl.rewards.NoveltyBands or null"),
+    (lambda: _reward_cls("VerifierReward")(novelty=True), "VerifierReward.novelty", "True",
+     "an evolrl.rewards.NoveltyBands, or null for the plain 0/1 verifier"),
+    (lambda: NoveltyBands(alpha=1.5), "NoveltyBands.alpha", "1.5", "a number in [0.0, 1.0]"),
+    (lambda: NoveltyBands(alpha=-0.1), "NoveltyBands.alpha", "-0.1", "a number in [0.0, 1.0]"),
+    (lambda: NoveltyBands(alpha="half"), "NoveltyBands.alpha", "'half'", "a finite number in [0.0, 1.0]"),
+    (lambda: NoveltyBands(novelty_text="answer"), "NoveltyBands.novelty_text", "'answer'",
+     "one of 'response', 'reasoning'"),
+    (lambda: NoveltyBands(embedder="minilm"), "NoveltyBands.embedder", "'minilm'", "an evolrl.rewards.Embedder"),
+    (lambda: SentenceTransformerEmbedder(model=""), "SentenceTransformerEmbedder.model", "''",
+     "a Hub name or a directory (a non-empty string), or null"),
+    (lambda: SentenceTransformerEmbedder(device="gpu"), "SentenceTransformerEmbedder.device", "'gpu'",
+     "a torch device such as 'cpu', 'cuda' or 'cuda:1'"),
+    (lambda: SentenceTransformerEmbedder(batch_size=0), "SentenceTransformerEmbedder.batch_size", "0",
+     "an integer >= 1"),
+    (lambda: SentenceTransformerEmbedder(max_seq_length=0), "SentenceTransformerEmbedder.max_seq_length", "0",
+     "an integer >= 1"),
+    (lambda: SentenceTransformerEmbedder(dtype="int8"), "SentenceTransformerEmbedder.dtype", "'int8'",
+     "one of 'float32', 'bfloat16', 'float16', 'float64'"),
+    (lambda: SentenceTransformerEmbedder(trust_remote_code="yes"), "SentenceTransformerEmbedder.trust_remote_code",
+     "'yes'", "true or false"),
+    (lambda: _grading().MathGrader(number_fallback=None), "MathGrader.number_fallback", "None", "true or false"),
+    (lambda: _grading().ChoiceGrader(choices="abcd"), "ChoiceGrader.choices", "'abcd'",
+     "a non-empty string of distinct capital letters"),
+    (lambda: _grading().ChoiceGrader(choices="AAB"), "ChoiceGrader.choices", "'AAB'",
+     "a non-empty string of distinct capital letters"),
+    (lambda: _grading().ChoiceGrader(choices=""), "ChoiceGrader.choices", "''",
+     "a non-empty string of distinct capital letters"),
+    (lambda: _grading().ChoiceGrader(text_fallback=1), "ChoiceGrader.text_fallback", "1", "true or false"),
+    (lambda: PromptFile(""), "PromptFile.path", "''", "a .json, .jsonl or .parquet file (a non-empty string)"),
+    (lambda: PromptFile("p.json", question_field=""), "PromptFile.question_field", "''",
+     "a field name, dotted for nested fields (a non-empty string), or null"),
+    (lambda: PromptFile("p.json", answer_field=" "), "PromptFile.answer_field", "' '",
+     "a field name, dotted for nested fields (a non-empty string), or null"),
+    (lambda: PromptFile("p.json", id_field=""), "PromptFile.id_field", "''",
+     "a field name, dotted for nested fields (a non-empty string)"),
+    (lambda: PromptFile("p.json", limit=0), "PromptFile.limit", "0", "an integer >= 1"),
+    (lambda: _sources().HubDataset(""), "HubDataset.name", "''", "a dataset name on the Hub"),
+    (lambda: _sources().HubDataset("HuggingFaceH4/MATH-500", split=""), "HubDataset.split", "''", "a split name"),
+    (lambda: _sources().HubDataset("HuggingFaceH4/MATH-500", subset=""), "HubDataset.subset", "''",
+     "a dataset configuration name (a non-empty string), or null"),
+    (lambda: _sources().HubDataset("HuggingFaceH4/MATH-500", id_field=None), "HubDataset.id_field", "None",
+     "a field name"),
+    (lambda: _sources().HubDataset("HuggingFaceH4/MATH-500", limit=-1), "HubDataset.limit", "-1", "an integer >= 1"),
+    (lambda: _sources().AdditionPrompts(count=0), "AdditionPrompts.count", "0", "an integer >= 1"),
+    (lambda: _sources().AdditionPrompts(count=2.5), "AdditionPrompts.count", "2.5", "an integer >= 1"),
+    (lambda: _sources().AdditionPrompts(max_operand=-1), "AdditionPrompts.max_operand", "-1", "an integer >= 0"),
+    (lambda: _sources().AdditionPrompts(seed=-1), "AdditionPrompts.seed", "-1", "an integer >= 0"),
+    (lambda: _sources().AdditionPrompts(instruction=None), "AdditionPrompts.instruction", "None", "a string"),
+    (lambda: _sources().EvalSet(_sources().AdditionPrompts(), ""), "EvalSet.name", "''",
+     "a non-empty name without '/'"),
+    (lambda: _sources().EvalSet(_sources().AdditionPrompts(), "math/500"), "EvalSet.name", "'math/500'",
+     "a non-empty name without '/'"),
+    (lambda: _sources().EvalSet("math500.json", "math500"), "EvalSet.source", "'math500.json'", "a prompt source"),
+    (lambda: _sources().EvalSet(_sources().AdditionPrompts(), "gpqa", grader="choice"), "EvalSet.grader", "'choice'",
+     "an evolrl.metrics.grading.Grader (MathGrader, ChoiceGrader), or null for MathGrader"),
+]
+
+
+@pytest.mark.parametrize(("build", "key", "value", "allowed"), REWARD_AND_SOURCE_SETTINGS,
+                         ids=[f"{c[1]}={c[2]}" for c in REWARD_AND_SOURCE_SETTINGS])
+def test_an_out_of_range_reward_grader_or_source_setting_fails_when_built(build, key, value, allowed):
+    from evolrl.settings import SettingError
+
+    with pytest.raises(SettingError) as err:
+        build()
+    message = str(err.value)
+    assert f"{key}={value} is not allowed" in message and allowed in message, message
+
+
+_CHOICE_EVAL_SET = {"class_path": "evolrl.data.EvalSet", "init_args": {
+    "name": "gpqa", "grader": {"class_path": "evolrl.metrics.grading.ChoiceGrader", "init_args": {"choices": "abcd"}},
+    "source": {"class_path": "evolrl.data.AdditionPrompts", "init_args": {"count": 2}}}}
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"model": {"reward": {"init_args": {"novelty": {"alpha": 1.5}}}}},
+     "NoveltyBands.alpha=1.5 is not allowed: a number in [0.0, 1.0]"),
+    ({"model": {"reward": {"init_args": {"novelty": {"embedder": {
+        "class_path": "evolrl.rewards.SentenceTransformerEmbedder", "init_args": {"batch_size": 0}}}}}}},
+     "SentenceTransformerEmbedder.batch_size=0 is not allowed: an integer >= 1"),
+    ({"data": {"train": {"init_args": {"count": 0}}}}, "AdditionPrompts.count=0 is not allowed: an integer >= 1"),
+    ({"data": {"eval_sets": [_CHOICE_EVAL_SET]}},
+     "ChoiceGrader.choices='abcd' is not allowed: a non-empty string of distinct capital letters"),
+    ({"trainer": {"callbacks": [{"class_path": "evolrl.callbacks.PassAtK", "init_args": {"pass_ks": [0, 8]}}]}},
+     "PassAtK.pass_ks=[0, 8] is not allowed: a non-empty list of integers >= 1"),
+], ids=["NoveltyBands.alpha", "SentenceTransformerEmbedder.batch_size", "AdditionPrompts.count",
+        "ChoiceGrader.choices", "PassAtK.pass_ks"])
+def test_an_out_of_range_reward_or_source_setting_stops_the_cli(tmp_path, monkeypatch, capsys, overrides, message):
+    monkeypatch.setattr("sys.argv", ["evolrl"])
+    path = tmp_path / "override.yaml"
+    path.write_text(yaml.safe_dump(overrides))
+    with pytest.raises(SystemExit) as exit_info:  # a usage error, also inside a class chosen by class_path
+        main(["fit", "--config", str(CONFIGS / "demo.yaml"), "--config", str(path)])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

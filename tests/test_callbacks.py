@@ -41,6 +41,7 @@ class ForeignRL(L.LightningModule):
             "token_entropy": 0.25 * (batch_idx + 1),
             "lengths": torch.tensor([10.0, 20.0, 30.0, 40.0]) * (batch_idx + 1),
             "hit_limit": torch.tensor([False, False, False, True]),
+            "step": self.global_step,  # the 0-based index of this training step (before its optimizer step)
         }
 
     def validation_step(self, batch, batch_idx):
@@ -60,7 +61,7 @@ class ForeignRL(L.LightningModule):
 
 def train_view(outputs, batch):
     return TrainView(rewards=outputs["my_rewards"], rollouts=outputs["groups"], entropy=outputs["token_entropy"],
-                     response_lengths=outputs["lengths"], truncated=outputs["hit_limit"])
+                     response_lengths=outputs["lengths"], truncated=outputs["hit_limit"], step=outputs["step"])
 
 
 def eval_view(outputs, batch):
@@ -123,7 +124,104 @@ def test_sample_logger_writes_tensorboard_text(tmp_path):
     events = EventAccumulator(trainer.logger.log_dir, size_guidance={"tensors": 0})
     events.Reload()
     texts = events.Tensors("train/samples/text_summary")
-    assert len(texts) == 2
+    assert [t.step for t in texts] == [0, 1]
     table = texts[0].tensor_proto.string_val[0].decode()
     assert "| question 0 | a \\| b | 4 | 1.000 |" in table
     assert "question 1" in table
+
+
+def text_steps(log_dir) -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(log_dir, size_guidance={"tensors": 0})
+    events.Reload()
+    return [t.step for t in events.Tensors("train/samples/text_summary")]
+
+
+def test_sample_logger_counts_training_steps_across_epochs(tmp_path):
+    def run(extract, name):
+        trainer = L.Trainer(accelerator="cpu", max_epochs=3, limit_val_batches=0, enable_progress_bar=False,
+                            logger=TensorBoardLogger(tmp_path, name=name), enable_model_summary=False,
+                            enable_checkpointing=False, callbacks=[SampleLogger(every_n_steps=2, extract=extract)])
+        trainer.fit(ForeignRL())
+        return text_steps(trainer.logger.log_dir)
+
+    # 3 epochs of 2 steps: steps 0..5, every second one, not batch 0 of each epoch again
+    assert run(train_view, "with_step") == [0, 2, 4]
+
+    def without_step(outputs, batch):  # falls back to trainer.global_step, which already counts this step
+        return TrainView(rewards=outputs["my_rewards"], rollouts=outputs["groups"])
+
+    assert run(without_step, "without_step") == [2, 4, 6]
+
+
+class ForeignEval(ForeignRL):
+    """Uses evolrl's torchmetrics metrics itself, with self.log."""
+
+    def __init__(self):
+        super().__init__()
+        from evolrl.metrics import MajAtKMetric, PassAtKMetric
+
+        self.pass_2 = PassAtKMetric(2)
+        self.maj_3 = MajAtKMetric(3)
+
+    def validation_step(self, batch, batch_idx):
+        out = super().validation_step(batch, batch_idx)
+        if batch == 1:  # two other problems, every sample right
+            out["correct"] = [[True] * 4, [True] * 4]
+        ids = [f"q{batch}-{i}" for i in range(2)]
+        for metric, name in ((self.pass_2, "val/pass@2"), (self.maj_3, "val/maj@3")):
+            metric.update(out["answers"], out["correct"], ids)
+            self.log(name, metric, on_epoch=True)
+        return out
+
+    def val_dataloader(self):
+        return DataLoader([0, 0, 1], batch_size=1)  # problem batch 0 twice: counted once
+
+
+def test_the_metrics_log_with_self_log_in_a_foreign_module():
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    for _ in range(2):  # Lightning resets the metrics after each epoch
+        metrics = trainer.validate(ForeignEval(), verbose=False)[0]
+        # 4 distinct problems: the two of batch 0 (scored as in test_callbacks_in_a_foreign_module) and two right
+        assert metrics["val/pass@2"] == pytest.approx((5 / 6 + 5 / 6 + 1 + 1) / 4)
+        assert metrics["val/maj@3"] == pytest.approx(((2 + 2 / 3) / 4 * 2 + 1 + 1) / 4)
+
+
+def test_pass_at_k_defaults_to_pass_1_pass_n_and_maj_n(tmp_path):
+    callback = PassAtK(extract=eval_view, output_dir=str(tmp_path))
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[callback])
+    trainer.validate(ForeignRL(), verbose=False)
+    metrics = {name: value.item() for name, value in trainer.callback_metrics.items()}
+    assert set(metrics) == {"val/toy/pass@1", "val/toy/pass@4", "val/toy/maj@4"}  # 4 samples per problem
+    assert metrics["val/toy/pass@4"] == 1.0 and metrics["val/toy/pass@1"] == pytest.approx(0.5)
+    # maj@4: problem 1 votes 1 (right), problem 2 votes 8 (right)
+    assert metrics["val/toy/maj@4"] == 1.0
+    assert callback.table == {"toy": {"problems": 2, "samples": 4, "pass@1": 0.5, "pass@4": 1.0, "maj@4": 1.0}}
+    assert json.loads((tmp_path / "val_metrics.json").read_text())["toy"] == callback.table["toy"]
+
+
+@pytest.mark.parametrize(("ks", "message"), [
+    ({"pass_ks": (1, 8)}, ("PassAtK.pass_ks=[1, 8] is not allowed: pass@8 needs at least 8 samples per problem, "
+                           "but evaluation set 'toy' has 4; raise data.eval_samples to 8 or more, or drop 8 from "
+                           "the callback's pass_ks")),
+    ({"pass_ks": (1,), "maj_ks": (5, 16)}, ("PassAtK.maj_ks=[5, 16] is not allowed: maj@5 needs at least 5 samples "
+                                            "per problem, but evaluation set 'toy' has 4; raise data.eval_samples "
+                                            "to 16 or more, or drop 5, 16 from the callback's maj_ks")),
+], ids=["pass", "maj"])
+def test_a_k_above_the_samples_per_problem_stops_the_first_evaluation_batch(ks, message):
+    from evolrl.settings import SettingError
+
+    batches = []
+
+    class Count(L.Callback):
+        def on_validation_batch_start(self, *args):
+            batches.append(1)
+
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[PassAtK(**ks, extract=eval_view), Count()])
+    with pytest.raises(SettingError) as err:
+        trainer.validate(ForeignRL(), verbose=False)
+    assert message in str(err.value)
+    assert len(batches) == 1

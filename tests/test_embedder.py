@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from evolrl.rewards import Embedder, EmbedderError, EvolReward, SentenceTransformerEmbedder
+from evolrl.rewards import Embedder, EmbedderError, EvolReward, NoveltyBands, SentenceTransformerEmbedder
 from evolrl.rewards.embedders import check_embeddings
 from evolrl.types import Prompt, ResponseGroup, RolloutBatch
 
@@ -45,7 +45,7 @@ class BrokenEmbedder(Embedder):
 def test_embedder_failure_raises_instead_of_random_vectors():
     batch = RolloutBatch((ResponseGroup(Prompt("p0", "q"), (r"\boxed{1}", r"\boxed{1}", r"\boxed{2}")),))
     with pytest.raises(EmbedderError, match="non-finite"):
-        EvolReward(embedder=BrokenEmbedder())(batch)
+        EvolReward(NoveltyBands(BrokenEmbedder()))(batch)
 
 
 def test_check_embeddings_rejects_wrong_count_and_unnormalized():

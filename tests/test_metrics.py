@@ -108,3 +108,141 @@ def test_label_free_diagnostics_by_hand():
     # prompt 0: majority flags [1,1,0,0] vs correct [0,0,1,0] -> agree on the last one only
     assert stats["reward_accuracy"] == 0.25
     assert "label_accuracy" not in label_free_diagnostics(out)
+
+
+# ---- pass@k / maj@k as torchmetrics metrics -------------------------------------------------------------------
+
+ANSWERS = {  # problem id -> (answers, correct): 4 samples each
+    "p0": (["1", "1", "2", "3"], [True, True, False, False]),
+    "p1": (["7", "8", "8", "9"], [False, True, True, False]),
+    "p2": (["5", "5", "5", "5"], [False, False, False, False]),
+    "p3": (["0", "1", "0", None], [True, False, True, False]),
+    "p4": (["x", "y", "z", "w"], [False, False, False, True]),
+}
+
+
+def by_hand(ids, pass_ks=(1, 2), maj_ks=(2, 3)):
+    """The mean over problems of the exact per-problem functions."""
+    rows = [ANSWERS[i] for i in ids]
+    out = {f"pass@{k}": sum(pass_at_k(4, sum(c), k) for _, c in rows) / len(rows) for k in pass_ks}
+    out |= {f"maj@{k}": sum(maj_at_k(a, c, k) for a, c in rows) / len(rows) for k in maj_ks}
+    return out
+
+
+def batch(ids):
+    return [ANSWERS[i][0] for i in ids], [ANSWERS[i][1] for i in ids]
+
+
+def test_eval_scores_are_the_mean_of_the_exact_per_problem_values():
+    from evolrl.metrics import EvalScores, MajAtKMetric, PassAtKMetric
+
+    metric = EvalScores(pass_ks=(1, 2), maj_ks=(2, 3))
+    metric.update(*batch(["p0", "p1"]), ids=["p0", "p1"])
+    metric.update(*batch(["p2", "p3", "p4"]), ids=["p2", "p3", "p4"])
+    values = metric.compute()
+    assert values.keys() == {"pass@1", "pass@2", "maj@2", "maj@3", "problems", "samples"}
+    assert values["problems"] == 5 and values["samples"] == 4
+    for name, expected in by_hand(list(ANSWERS)).items():
+        assert values[name].item() == pytest.approx(expected, abs=1e-15), name
+    # the one-k metrics give the same numbers, as scalars
+    for cls, k, name in ((PassAtKMetric, 2, "pass@2"), (MajAtKMetric, 3, "maj@3")):
+        single = cls(k)
+        single.update(*batch(list(ANSWERS)), ids=list(ANSWERS))
+        assert single.compute().ndim == 0 and single.compute().item() == pytest.approx(values[name].item())
+    metric.reset()
+    metric.update(*batch(["p2"]), ids=["p2"])
+    assert metric.compute()["pass@2"] == 0.0 and metric.compute()["problems"] == 1
+
+
+def test_a_repeated_problem_id_counts_once_and_problems_without_ids_all_count():
+    from evolrl.metrics import PassAtKMetric
+
+    metric = PassAtKMetric(1)
+    metric.update(*batch(["p0", "p1"]), ids=["p0", "p1"])
+    # p0 again (as Lightning's distributed sampler pads), now with other samples: the first one counts
+    metric.update([["9"] * 4], [[True] * 4], ids=["p0"])
+    assert metric.compute().item() == pytest.approx(by_hand(["p0", "p1"])["pass@1"])
+    anonymous = PassAtKMetric(1)
+    anonymous.update(*batch(["p0", "p0"]))
+    anonymous.update([["9"] * 4], [[True] * 4])
+    assert anonymous.compute().item() == pytest.approx((0.5 + 0.5 + 1.0) / 3)
+
+
+def test_problem_ids_hash_the_same_in_every_process():
+    import subprocess
+    import sys
+
+    from evolrl.metrics import problem_key
+
+    code = "from evolrl.metrics import problem_key; print(problem_key('math500/17'))"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": "123", "PATH": ""}).stdout
+    assert int(other) == problem_key("math500/17") >= 0
+    assert problem_key("a") != problem_key("b")
+
+
+def test_a_k_larger_than_the_samples_is_an_error():
+    from evolrl.metrics import EvalScores
+
+    metric = EvalScores(pass_ks=(1, 8), maj_ks=(4,))
+    with pytest.raises(ValueError, match="pass@1, pass@8, maj@4 need at least 8 samples per problem, but problem "
+                                         "'p0' has 4"):
+        metric.update(*batch(["p0"]), ids=["p0"])
+
+
+def test_metric_scores_stay_float64_on_a_bf16_module():
+    from evolrl.metrics import PassAtKMetric
+
+    module = torch.nn.Module()
+    module.metric = PassAtKMetric(1)
+    module.to(torch.bfloat16)
+    module.metric.update([["1", "2", "3"]], [[True, False, False]])
+    assert module.metric.compute().item() == pytest.approx(1 / 3, abs=1e-15)
+
+
+def _two_rank_worker(rank: int, port: int, out: str) -> None:
+    import json
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from evolrl.metrics import EvalScores, PassAtKMetric
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        scores = EvalScores(pass_ks=(1, 2), maj_ks=(2, 3))
+        # 5 problems dealt to 2 ranks, p0 repeated on rank 1 to even them out (with other samples)
+        if rank == 0:
+            scores.update(*batch(["p0", "p1"]), ids=["p0", "p1"])
+            scores.update(*batch(["p2"]), ids=["p2"])
+        else:
+            scores.update(*batch(["p3", "p4"]), ids=["p3", "p4"])
+            scores.update([["9"] * 4], [[True] * 4], ids=["p0"])
+        only_rank0 = PassAtKMetric(2)  # rank 1 never sees a problem
+        if rank == 0:
+            only_rank0.update(*batch(["p0", "p1"]), ids=["p0", "p1"])
+        report = {name: value.item() for name, value in scores.compute().items()}
+        report["only_rank0"] = only_rank0.compute().item()
+        report["local_rows"] = len(torch.cat(scores.problem_ids))  # back to this rank's own states after compute
+        Path(out, f"rank{rank}.json").write_text(json.dumps(report))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_gather_their_problems_and_count_each_once(tmp_path):
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_two_rank_worker, args=(port, str(tmp_path)), nprocs=2)
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r.pop("local_rows") for r in reports] == [3, 3]
+    assert reports[0] == reports[1]
+    assert reports[0]["problems"] == 5 and reports[0]["samples"] == 4
+    for name, expected in by_hand(list(ANSWERS)).items():  # p0 with rank 0's samples
+        assert reports[0][name] == pytest.approx(expected, abs=1e-12), name
+    assert reports[0]["only_rank0"] == pytest.approx(by_hand(["p0", "p1"])["pass@2"])

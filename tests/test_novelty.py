@@ -5,7 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evolrl.rewards import band_rewards, evol_rewards, evol_rewards_batched, novelty_scores
+from evolrl.rewards import Embedder, NoveltyBands, band_rewards, evol_rewards, evol_rewards_batched, novelty_scores
+from evolrl.types import Prompt, ResponseGroup, RolloutBatch
 
 
 def oracle_rewards(emb, majority, valid, alpha=0.5):
@@ -173,3 +174,30 @@ def test_novelty_formula_by_hand():
     r = band_rewards(u[None], flags([1, 1, 1])[None], flags([1, 1, 1])[None])[0]
     lo, hi = min(expected), max(expected)
     assert r.tolist() == pytest.approx([0.5 + 0.5 * (x - lo) / (hi - lo) for x in expected])
+
+
+class CountingEmbedder(Embedder):
+    """Fixed unit vectors per text; records every call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def embed(self, texts):
+        self.calls.append(list(texts))
+        vectors = [torch.tensor([float(len(t)), float(sum(map(ord, t)) % 7) + 1.0, 1.0]) for t in texts]
+        return torch.nn.functional.normalize(torch.stack(vectors), dim=-1)
+
+
+def test_novelty_bands_embed_a_steps_valid_responses_in_one_call_and_match_the_tensor_math():
+    texts = [("a \\boxed{1}", "bb \\boxed{1}", "ccc \\boxed{2}"), ("dddd \\boxed{3}", "e \\boxed{3}", "ff")]
+    batch = RolloutBatch(tuple(ResponseGroup(Prompt(f"p{i}", "q"), t) for i, t in enumerate(texts)))
+    valid = torch.tensor([[True, True, True], [True, True, False]])
+    majority = torch.tensor([[True, True, False], [True, True, False]])
+    embedder = CountingEmbedder()
+    bands = NoveltyBands(embedder, alpha=0.25, novelty_text="reasoning")
+    rewards, novelty = bands(batch, majority, valid)
+    assert embedder.calls == [["a ", "bb ", "ccc ", "dddd ", "e "]]  # one call, valid only, box removed
+    emb = torch.zeros(2, 3, 3)
+    emb[valid] = embedder.embed(["a ", "bb ", "ccc ", "dddd ", "e "])
+    torch.testing.assert_close(rewards, evol_rewards_batched(emb, majority, valid, 0.25))
+    torch.testing.assert_close(novelty, novelty_scores(emb, majority, valid, 0.25), equal_nan=True)

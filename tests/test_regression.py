@@ -21,7 +21,7 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_training import scalars  # noqa: E402
+from test_training import scalars
 
 RECORD = Path(__file__).parent / "regression" / "tiny_run.json"
 TAGS = ["train/loss", "train/pg_loss", "train/kl", "train/entropy", "train/reward_mean", "train/grad_norm",
@@ -42,7 +42,7 @@ def config(tmp_path: Path, model: str) -> Path:
         "model": {
             "model": model,
             "reward": {"class_path": "evolrl.rewards.EvolReward",
-                       "init_args": {"valid_rule": "any", "number_fallback": True, "alpha": 0.3}},
+                       "init_args": {"valid_rule": "any", "number_fallback": True, "novelty": {"alpha": 0.3}}},
             "loss": {"clip_low": 0.2, "clip_high": 0.25, "kl_coef": 0.01, "entropy_coef": 0.002},
             "optim": {"lr": 1e-4, "warmup_ratio": 0.2},
             "mini_batch_size": 5, "micro_batch_size": 3,

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from evolrl.rewards import EvolReward, MajorityVoteReward, VerifierReward
+from evolrl.rewards import EvolReward, MajorityVoteReward, NoveltyBands, VerifierReward
 from evolrl.types import Prompt, ResponseGroup, RolloutBatch
 
 RESPONSES = (
@@ -27,7 +27,7 @@ def batch(answer=None):
 
 
 def test_evol_reward(minilm):
-    out = EvolReward(embedder=minilm)(batch())
+    out = EvolReward(NoveltyBands(minilm))(batch())
     r = out.rewards
     assert r.shape == (2, 6)
     assert out.labels == ("7", "12")
@@ -43,7 +43,7 @@ def test_evol_reward(minilm):
 
 
 def test_evol_reward_number_fallback_makes_unboxed_answers_valid(minilm):
-    out = EvolReward(embedder=minilm, number_fallback=True)(batch())
+    out = EvolReward(NoveltyBands(minilm), number_fallback=True)(batch())
     assert out.components["valid"][0].tolist() == [True, True, True, True, False, True]
     assert out.components["majority"][0, 5].item()
 
@@ -64,7 +64,7 @@ def test_verifier_reward_uses_ground_truth():
 
 
 def test_verifier_reward_with_novelty_bands(minilm):
-    out = VerifierReward(novelty=True, embedder=minilm, valid_rule="digit")(batch(answer="8"))
+    out = VerifierReward(NoveltyBands(minilm), valid_rule="digit")(batch(answer="8"))
     r = out.rewards[0]
     assert r[3].item() == 1.0  # the lone correct response
     assert ((r[:3] >= -1.0) & (r[:3] <= -0.5)).all()
@@ -80,4 +80,22 @@ def test_bad_options_are_clear_errors():
     with pytest.raises(ValueError, match="valid_rule"):
         MajorityVoteReward(valid_rule="numbers")
     with pytest.raises(ValueError, match="alpha"):
-        EvolReward(alpha=1.5)
+        NoveltyBands(alpha=1.5)
+
+
+def test_novelty_is_one_object_each_reward_gets_its_own_default():
+    a, b = EvolReward(), EvolReward()
+    assert isinstance(a.bands, NoveltyBands) and a.bands is not b.bands  # no shared mutable default
+    assert (a.bands.alpha, a.bands.novelty_text) == (0.5, "response")
+    bands = NoveltyBands(alpha=0.3, novelty_text="reasoning")
+    assert EvolReward(bands).bands is bands and VerifierReward(bands).bands is bands
+    assert VerifierReward().bands is None  # the plain 0/1 verifier
+
+
+def test_verifier_reward_with_novelty_bands_equals_evol_bands_on_correct(minilm):
+    # Same bands object, the split is correct/incorrect instead of majority/minority.
+    bands = NoveltyBands(minilm, alpha=0.3)
+    out = VerifierReward(bands, valid_rule="digit")(batch(answer="7"))
+    evol = EvolReward(bands)(batch())
+    # the majority of both prompts is also the ground truth here, so the rewards coincide
+    torch.testing.assert_close(out.rewards, evol.rewards)

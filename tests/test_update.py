@@ -43,7 +43,7 @@ def test_the_update_runs_without_a_trainer(tiny_model):
 
 
 def test_a_non_finite_mini_batch_is_skipped_and_moves_nothing(tiny_model):
-    update, stats, before, policy, scheduler = run(tiny_model, [float("nan")] * 4)
+    update, _, before, policy, scheduler = run(tiny_model, [float("nan")] * 4)
     assert update.skipped_steps == 2 and scheduler.last_epoch == 0
     after = policy.state_dict()
     assert all(torch.equal(after[k], before[k]) for k in before)

@@ -26,6 +26,7 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from evolrl.settings import require
 from evolrl.types import RewardOutput, RolloutBatch
 
 
@@ -43,6 +44,9 @@ class TrainView:
     """Tokens per response, any shape."""
     truncated: Tensor | None = None
     """Whether each response hit the token limit, same shape as ``response_lengths``."""
+    step: int | None = None
+    """Training steps behind the weights the responses were sampled with: the 0-based index of this training
+    step, the x of the scalars Lightning logs from ``training_step``. ``None``: the trainer's ``global_step``."""
 
     def truths(self) -> list[str | None] | None:
         return [p.answer for p in self.rollouts.prompts] if self.rollouts is not None else None
@@ -76,6 +80,7 @@ def evolrl_train_view(outputs: Mapping[str, Any], batch: Any) -> TrainView | Non
         entropy=outputs.get("stats", {}).get("entropy"),
         response_lengths=lengths,
         truncated=rollouts.truncated(),
+        step=rollouts.weights_version,
     )
 
 
@@ -98,6 +103,9 @@ class TrainViewCallback(L.Callback):
     """
 
     def __init__(self, extract: Callable[[Any, Any], TrainView | None] = evolrl_train_view, prefix: str = "train/"):
+        name = type(self).__name__
+        require(callable(extract), f"{name}.extract", extract, "a callable (outputs, batch) -> TrainView")
+        require(isinstance(prefix, str) and bool(prefix), f"{name}.prefix", prefix, "a non-empty string")
         self.extract = extract
         self.prefix = prefix
 

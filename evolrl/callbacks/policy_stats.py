@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from evolrl.callbacks.contract import TrainViewCallback
+from collections.abc import Callable
+from typing import Any
+
+from torchmetrics import MeanMetric
+
+from evolrl.callbacks.contract import TrainView, TrainViewCallback, evolrl_train_view
 
 
 class PolicyStats(TrainViewCallback):
@@ -10,10 +15,24 @@ class PolicyStats(TrainViewCallback):
     ``response_length_max`` and ``truncated_frac`` each step (``train/...``) and their
     epoch means (``train_epoch/...``).
 
+    The epoch means are ``torchmetrics.MeanMetric`` s (weighted by the responses of each step) logged with
+    ``pl_module.log``: torchmetrics averages them over all ranks, Lightning computes them at the end of the
+    epoch and resets them.
+
     Args:
         extract: ``(outputs, batch) -> TrainView``; reads evolrl's step output by default.
         prefix: Metric-name prefix.
     """
+
+    def __init__(self, extract: Callable[[Any, Any], TrainView | None] = evolrl_train_view, prefix: str = "train/"):
+        super().__init__(extract, prefix)
+        self.epoch_means: dict[str, MeanMetric] = {}
+        """Metric name -> its epoch mean."""
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        for mean in self.epoch_means.values():
+            mean.reset()
+            mean.to(pl_module.device)  # states on the device the ranks sync from
 
     def on_view(self, trainer, pl_module, view) -> None:
         stats = {}
@@ -29,5 +48,11 @@ class PolicyStats(TrainViewCallback):
         pl_module.log_dict({self.prefix + k: v for k, v in stats.items()}, on_step=True, on_epoch=False,
                            batch_size=size)
         epoch_prefix = self.prefix.rstrip("/") + "_epoch/"
-        pl_module.log_dict({epoch_prefix + k: v for k, v in stats.items()}, on_step=False, on_epoch=True,
-                           batch_size=size, sync_dist=True)
+        for k, v in stats.items():
+            name = epoch_prefix + k
+            if name not in self.epoch_means:
+                self.epoch_means[name] = MeanMetric().to(pl_module.device)
+            mean = self.epoch_means[name]
+            mean.update(v, weight=size)
+            # The metric lives in this callback, not in the module: name it for Lightning's bookkeeping.
+            pl_module.log(name, mean, on_step=False, on_epoch=True, metric_attribute=f"{type(self).__name__}:{name}")

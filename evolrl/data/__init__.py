@@ -2,7 +2,9 @@
 
 from evolrl.data.chat import PAPER_SYSTEM_PROMPT, render_prompt
 from evolrl.data.datamodule import RolloutDataModule, RolloutRequest
-from evolrl.data.sources import AdditionPrompts, DataError, EvalSet, HubDataset, PromptFile, PromptSource
+from evolrl.data.eval_set import EvalSet
+from evolrl.data.generated import AdditionPrompts
+from evolrl.data.sources import DataError, HubDataset, PromptFile, PromptSource
 
 __all__ = [
     "PAPER_SYSTEM_PROMPT",

@@ -19,13 +19,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import lightning as L
-import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
 from evolrl.data.chat import PAPER_SYSTEM_PROMPT, render_prompt
+from evolrl.data.eval_set import EvalSet
 from evolrl.data.loader import PromptLoader
-from evolrl.data.sources import DataError, EvalSet, PromptSource
+from evolrl.data.sources import DataError, PromptSource
 from evolrl.models import load_tokenizer
 from evolrl.rollout import Rollouts, Sampling, Seeds
 from evolrl.rollout.engine import RolloutEngine

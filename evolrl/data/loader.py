@@ -24,12 +24,12 @@ class PromptLoader:
     """
 
     def __init__(self, items: Sequence[Any], batch_size: int, make_batch: Callable[[list[Any]], Any],
-                 shuffle: bool = True, seeds: Seeds = Seeds(), rank: int = 0, world_size: int = 1) -> None:
+                 shuffle: bool = True, seeds: Seeds | None = None, rank: int = 0, world_size: int = 1) -> None:
         self.items = items
         self.batch_size = batch_size
         self.make_batch = make_batch
         self.shuffle = shuffle
-        self.seeds = seeds
+        self.seeds = seeds if seeds is not None else Seeds()
         self.rank = rank
         self.world_size = world_size
         self.epoch = -1  # epoch of the current (or last) pass

@@ -2,7 +2,7 @@
 
 * :class:`PromptFile`: a local JSON array, JSONL or parquet file;
 * :class:`HubDataset`: a Hugging Face dataset by name (needs the ``datasets`` package);
-* :class:`AdditionPrompts`: single-digit additions the project generates itself (the demo task).
+* :class:`~evolrl.data.generated.AdditionPrompts`: additions the project generates itself (generated.py).
 
 Rows become :class:`~evolrl.types.Prompt` s. A row's question is the ``prompt`` field, which may be
 a string or a chat (a list of ``{role, content}``; the last user turn is the question). The ground
@@ -14,12 +14,13 @@ silently.
 from __future__ import annotations
 
 import json
-import random
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from evolrl.settings import check_int, require
 from evolrl.types import Prompt
 
 QUESTION_FIELDS = ("prompt", "problem", "question")
@@ -36,6 +37,21 @@ class PromptSource(ABC):
     @abstractmethod
     def load(self) -> list[Prompt]:
         """All prompts, in a stable order."""
+
+
+def _check_text(key: str, value: Any, what: str, optional: bool = False) -> None:
+    """``value`` is a non-empty string (or ``None`` when ``optional``)."""
+    ok = (optional and value is None) or (isinstance(value, str) and bool(value.strip()))
+    require(ok, key, value, f"{what} (a non-empty string)" + (", or null" if optional else ""))
+
+
+def _check_fields(owner: str, question_field: Any, answer_field: Any, id_field: Any, limit: Any) -> None:
+    """The row-reading settings :class:`PromptFile` and :class:`HubDataset` share."""
+    _check_text(f"{owner}.question_field", question_field, "a field name, dotted for nested fields", optional=True)
+    _check_text(f"{owner}.answer_field", answer_field, "a field name, dotted for nested fields", optional=True)
+    _check_text(f"{owner}.id_field", id_field, "a field name, dotted for nested fields")
+    if limit is not None:
+        check_int(f"{owner}.limit", limit, 1)
 
 
 def _field(row: Mapping[str, Any], dotted: str) -> Any:
@@ -92,29 +108,6 @@ def rows_to_prompts(
     return prompts
 
 
-class EvalSet:
-    """A labelled evaluation set: its prompts, a name for the metrics, and how to grade it.
-
-    Args:
-        source: Where the problems come from (every prompt needs a ground-truth answer).
-        name: Name in metric tags, e.g. ``math500`` -> ``val/math500/pass@1``.
-        grader: ``math`` (equivalent final answer) or ``choice`` (a letter, GPQA).
-    """
-
-    def __init__(self, source: PromptSource, name: str, grader: Literal["math", "choice"] = "math") -> None:
-        self.source = source
-        self.name = name
-        self.grader = grader
-
-    def load(self) -> list[Prompt]:
-        prompts = self.source.load()
-        missing = [p.id for p in prompts if p.answer is None]
-        if missing:
-            raise DataError(f"evaluation set {self.name!r}: {len(missing)} problems without an answer "
-                            f"(first: {missing[0]!r}); evaluation needs ground truth")
-        return prompts
-
-
 class PromptFile(PromptSource):
     """A local ``.json`` (array of objects), ``.jsonl`` or ``.parquet`` file.
 
@@ -124,7 +117,7 @@ class PromptFile(PromptSource):
             ``prompt``, ``problem``, ``question``.
         answer_field: Field holding the ground truth; default: ``answer`` or ``reward_model.ground_truth``.
         id_field: Field holding a unique id; rows without it are numbered.
-        limit: Keep only the first ``limit`` rows.
+        limit: Keep only the first ``limit`` rows (>= 1; ``None``: all).
     """
 
     def __init__(
@@ -135,6 +128,9 @@ class PromptFile(PromptSource):
         id_field: str = "id",
         limit: int | None = None,
     ) -> None:
+        require(isinstance(path, os.PathLike) or (isinstance(path, str) and bool(path.strip())), "PromptFile.path",
+                path, "a .json, .jsonl or .parquet file (a non-empty string)")
+        _check_fields("PromptFile", question_field, answer_field, id_field, limit)
         self.path = path
         self.question_field = question_field
         self.answer_field = answer_field
@@ -196,6 +192,10 @@ class HubDataset(PromptSource):
         id_field: str = "id",
         limit: int | None = None,
     ) -> None:
+        _check_text("HubDataset.name", name, "a dataset name on the Hub, or a local dataset directory")
+        _check_text("HubDataset.split", split, "a split name, e.g. 'train'")
+        _check_text("HubDataset.subset", subset, "a dataset configuration name", optional=True)
+        _check_fields("HubDataset", question_field, answer_field, id_field, limit)
         self.name = name
         self.split = split
         self.subset = subset
@@ -216,29 +216,3 @@ class HubDataset(PromptSource):
         rows = table.select(range(min(self.limit, len(table)))) if self.limit else table
         where = f"{self.name}[{self.split}]"
         return rows_to_prompts(rows, where, self.question_field, self.answer_field, self.id_field)
-
-
-class AdditionPrompts(PromptSource):
-    """``count`` additions of two numbers in ``[0, max_operand]``, generated from ``seed``.
-
-    The demo task: SmolLM2-135M solves single-digit sums about half the time, so majority
-    voting has something to work with.
-    """
-
-    def __init__(
-        self, count: int = 64, max_operand: int = 9, seed: int = 0, instruction: str = "",
-    ) -> None:
-        self.count = count
-        self.max_operand = max_operand
-        self.seed = seed
-        self.instruction = instruction
-        """Appended to each question, e.g. "Put your final answer within \\boxed{}."."""
-
-    def load(self) -> list[Prompt]:
-        rng = random.Random(self.seed)
-        prompts = []
-        for i in range(self.count):
-            a, b = rng.randint(0, self.max_operand), rng.randint(0, self.max_operand)
-            question = f"What is {a} + {b}? {self.instruction}".strip()
-            prompts.append(Prompt(f"add-{i}", question, str(a + b), "addition"))
-        return prompts

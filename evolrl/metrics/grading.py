@@ -1,25 +1,61 @@
-"""Grading a response against a ground-truth answer, for evaluation."""
+"""Grading a response against a ground-truth answer, for evaluation.
+
+A grader is a small class chosen by ``class_path`` (an evaluation set's ``grader``): called as
+``grader(response, truth)``, it returns ``(extracted answer, is it correct)``.
+
+* :class:`MathGrader`: the last boxed answer (or the last number), mathematically equivalent to the truth;
+* :class:`ChoiceGrader`: a multiple-choice letter (GPQA), equal to the truth letter.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from abc import ABC, abstractmethod
 
 from evolrl.rewards.answers import extract_answer, extract_choice
 from evolrl.rewards.equivalence import answers_equivalent
+from evolrl.settings import require
 
-Grader = Literal["math", "choice"]
+
+class Grader(ABC):
+    """Grades one response: ``grader(response, truth) -> (extracted answer or None, correct)``."""
+
+    @abstractmethod
+    def __call__(self, response: str, truth: str) -> tuple[str | None, bool]:
+        """``(extracted answer, is it correct)`` for ``response`` against the ground truth ``truth``."""
 
 
-def grade(response: str, truth: str, grader: Grader = "math") -> tuple[str | None, bool]:
-    """``(extracted answer, is it correct)``.
+class MathGrader(Grader):
+    """The final answer (last ``\\boxed{}``), mathematically equivalent to the truth.
 
-    ``math``: the last boxed answer (or the last number), mathematically equivalent to the truth.
-    ``choice``: a multiple-choice letter from the last box (GPQA), equal to the truth letter.
+    Args:
+        number_fallback: Without a box, read the last number of the response as its answer.
     """
-    if grader == "math":
-        answer = extract_answer(response)
+
+    def __init__(self, number_fallback: bool = True) -> None:
+        require(isinstance(number_fallback, bool), "MathGrader.number_fallback", number_fallback, "true or false")
+        self.number_fallback = number_fallback
+
+    def __call__(self, response: str, truth: str) -> tuple[str | None, bool]:
+        answer = extract_answer(response, number_fallback=self.number_fallback)
         return answer, answers_equivalent(answer, truth)
-    if grader == "choice":
-        answer = extract_choice(response)
+
+
+class ChoiceGrader(Grader):
+    """A multiple-choice letter (GPQA) from the last box, equal to the truth letter (case-insensitive).
+
+    Args:
+        choices: The option letters, e.g. ``ABCD``.
+        text_fallback: Without a box, read an explicit "answer is (C)" / "Answer: C" phrase.
+    """
+
+    def __init__(self, choices: str = "ABCD", text_fallback: bool = True) -> None:
+        letters = isinstance(choices, str) and bool(choices) and all("A" <= c <= "Z" for c in choices)
+        require(letters and len(set(choices)) == len(choices), "ChoiceGrader.choices", choices,
+                "a non-empty string of distinct capital letters, e.g. 'ABCD'")
+        require(isinstance(text_fallback, bool), "ChoiceGrader.text_fallback", text_fallback, "true or false")
+        self.choices = choices
+        self.text_fallback = text_fallback
+
+    def __call__(self, response: str, truth: str) -> tuple[str | None, bool]:
+        answer = extract_choice(response, self.choices, self.text_fallback)
         return answer, answer is not None and answer == truth.strip().upper()
-    raise ValueError(f"unknown grader {grader!r}; choose 'math' or 'choice'")

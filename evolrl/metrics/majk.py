@@ -26,7 +26,7 @@ from math import comb
 
 import numpy as np
 
-from evolrl.rewards.majority import group_answers
+from evolrl.rewards.voting import group_answers
 
 
 def _classes(answers: Sequence[str | None], correct: Sequence[bool]) -> tuple[list[int | None], list[bool]]:

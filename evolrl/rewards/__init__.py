@@ -1,20 +1,35 @@
 """Label-free rewards: answers, majority vote, novelty, and the reward classes built from them.
 
 Nothing here imports Lightning or vLLM.
+
+Naming rule: a module is named after the one public thing it defines (``voting.py``: the vote;
+``novelty_bands.py``: :class:`NoveltyBands`; ``answer_sheet.py``: :class:`AnswerSheet` and the
+:class:`AnswerReward` base that fills it in); a reward class ends in ``Reward`` and lives in
+``<name>_reward.py`` (:class:`EvolReward` in ``evol_reward.py``). ``base.py`` holds only the
+:class:`Reward` interface.
+
+* ``answers.py``: reading a final answer, the validity rule; ``equivalence.py``: when two answers are the same;
+* ``voting.py``: equivalence classes and the majority vote of one group;
+* ``novelty.py``: the novelty score and its bands as tensor math; ``embedders.py``: sentence embedders;
+* ``novelty_bands.py``: the configured novelty object (embedder, ``alpha``, ``novelty_text``);
+* ``evol_reward.py``, ``majority_vote_reward.py``, ``verifier_reward.py``: the rewards.
 """
 
+from evolrl.rewards.answer_sheet import AnswerReward, AnswerSheet
 from evolrl.rewards.answers import extract_answer, extract_choice, final_part, is_valid_response
-from evolrl.rewards.base import AnswerReward, NoveltyBands, Reward
+from evolrl.rewards.base import Reward
 from evolrl.rewards.embedders import Embedder, EmbedderError, SentenceTransformerEmbedder
 from evolrl.rewards.equivalence import answers_equivalent, normalize_answer
-from evolrl.rewards.evol import EvolReward
-from evolrl.rewards.majority import group_answers, majority_vote
-from evolrl.rewards.majority_reward import MajorityVoteReward
+from evolrl.rewards.evol_reward import EvolReward
+from evolrl.rewards.majority_vote_reward import MajorityVoteReward
 from evolrl.rewards.novelty import band_rewards, evol_rewards, evol_rewards_batched, novelty_scores
-from evolrl.rewards.verifier import VerifierReward
+from evolrl.rewards.novelty_bands import NoveltyBands
+from evolrl.rewards.verifier_reward import VerifierReward
+from evolrl.rewards.voting import group_answers, majority_vote
 
 __all__ = [
     "AnswerReward",
+    "AnswerSheet",
     "Embedder",
     "EmbedderError",
     "EvolReward",

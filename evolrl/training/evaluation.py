@@ -15,11 +15,6 @@ def grade_request(request: RolloutRequest) -> dict:
         raise ValueError("grade_request needs an evaluation batch (a request with its eval_set)")
     rollouts = request.sample()
     grader = request.eval_set.grader
-    if isinstance(grader, str):  # TRANSITION: until EvalSet holds a Grader object
-        from functools import partial
-
-        from evolrl.metrics.grading import grade
-        grader = partial(grade, grader=grader)
     graded = [[grader(text, group.prompt.answer) for text in group.texts] for group in rollouts.groups]
     return {
         "dataset": request.eval_set.name,

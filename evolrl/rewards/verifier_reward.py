@@ -4,39 +4,37 @@ from __future__ import annotations
 
 import torch
 
+from evolrl.rewards.answer_sheet import AnswerReward
 from evolrl.rewards.answers import ValidRule
-from evolrl.rewards.base import AnswerReward, NoveltyBands, NoveltyText
-from evolrl.rewards.embedders import Embedder
 from evolrl.rewards.equivalence import answers_equivalent
+from evolrl.rewards.novelty_bands import NoveltyBands
+from evolrl.settings import require
 from evolrl.types import RewardOutput, RolloutBatch
 
 
 class VerifierReward(AnswerReward):
     """``r = 1`` if a valid response's answer is equivalent to the prompt's ground truth, else ``0``.
 
-    With ``novelty=True`` the correct/incorrect split takes the majority's place in EVOL-RL's
+    With a ``novelty`` object the correct/incorrect split takes the majority's place in EVOL-RL's
     bands: correct ``[0.5, 1]``, incorrect ``[-1, -0.5]``, invalid ``-1``.
 
     Args:
-        novelty: Use the novelty bands instead of 0/1.
-        embedder: Sentence embedder when ``novelty`` (``None``: the packaged all-MiniLM-L6-v2).
-        alpha: Novelty weight of the intra-group mean against the max.
-        novelty_text: ``response`` or ``reasoning``.
+        novelty: ``None``: the plain 0/1 verifier. A :class:`~evolrl.rewards.NoveltyBands` (embedder,
+            ``alpha``, ``novelty_text``): EVOL-RL's novelty bands on correct/incorrect.
         valid_rule: ``digit``, ``nonempty`` or ``any``.
         number_fallback: Accept a bare last number as the answer.
     """
 
     def __init__(
         self,
-        novelty: bool = False,
-        embedder: Embedder | None = None,
-        alpha: float = 0.5,
-        novelty_text: NoveltyText = "response",
+        novelty: NoveltyBands | None = None,
         valid_rule: ValidRule = "nonempty",
         number_fallback: bool = False,
     ) -> None:
         super().__init__(valid_rule, number_fallback)
-        self.bands = NoveltyBands(embedder, alpha, novelty_text) if novelty else None
+        require(novelty is None or isinstance(novelty, NoveltyBands), "VerifierReward.novelty", novelty,
+                "an evolrl.rewards.NoveltyBands, or null for the plain 0/1 verifier")
+        self.bands = novelty
 
     def __call__(self, batch: RolloutBatch) -> RewardOutput:
         missing = [p for p in batch.prompts if p.answer is None]

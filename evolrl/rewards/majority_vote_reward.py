@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from evolrl.rewards.answer_sheet import AnswerReward
 from evolrl.rewards.answers import ValidRule
-from evolrl.rewards.base import AnswerReward
 from evolrl.types import RewardOutput, RolloutBatch
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from evolrl.rewards.answer_sheet import AnswerReward
 from evolrl.rewards.answers import ValidRule
-from evolrl.rewards.base import AnswerReward, NoveltyBands, NoveltyText
-from evolrl.rewards.embedders import Embedder
+from evolrl.rewards.novelty_bands import NoveltyBands
+from evolrl.settings import require
 from evolrl.types import RewardOutput, RolloutBatch
 
 
@@ -14,23 +15,23 @@ class EvolReward(AnswerReward):
     Majority responses earn ``[0.5, 1]``, minority ``[-1, -0.5]``, invalid ``-1``.
 
     Args:
-        embedder: Sentence embedder for novelty; ``None`` means the packaged all-MiniLM-L6-v2.
-        alpha: Weight of the intra-group mean similarity against the max similarity.
-        novelty_text: ``response`` (text after ``</think>``) or ``reasoning`` (same, final box removed).
+        novelty: The novelty bands: embedder, ``alpha`` and ``novelty_text`` (see
+            :class:`~evolrl.rewards.NoveltyBands`); ``None`` means ``NoveltyBands()``, the packaged
+            all-MiniLM-L6-v2 with ``alpha`` 0.5 on the whole response.
         valid_rule: ``digit`` (paper), ``nonempty`` or ``any``.
         number_fallback: Accept a bare last number as the boxed answer.
     """
 
     def __init__(
         self,
-        embedder: Embedder | None = None,
-        alpha: float = 0.5,
-        novelty_text: NoveltyText = "response",
+        novelty: NoveltyBands | None = None,
         valid_rule: ValidRule = "digit",
         number_fallback: bool = False,
     ) -> None:
         super().__init__(valid_rule, number_fallback)
-        self.bands = NoveltyBands(embedder, alpha, novelty_text)
+        require(novelty is None or isinstance(novelty, NoveltyBands), "EvolReward.novelty", novelty,
+                "an evolrl.rewards.NoveltyBands or null for the default one")
+        self.bands = novelty if novelty is not None else NoveltyBands()
 
     def __call__(self, batch: RolloutBatch) -> RewardOutput:
         sheet = self.read(batch)
