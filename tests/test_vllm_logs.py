@@ -19,8 +19,15 @@ def test_only_the_named_notices_are_dropped(caplog):
             "CPU backend doesn't allow to use `torch.set_num_threads` after the thread binding, skip it.")
         logging.getLogger("vllm.v1.worker.cpu_worker").warning("Speculative decoding on CPU ...")
         logging.getLogger("vllm.renderers.base").error("Chat template warmup failed")  # an error: never dropped
+        logging.getLogger("vllm.model_executor.model_loader.reload.inplace").info(
+            "Reloading and processing weights took %.2f seconds", 0.31)
+        pool = logging.getLogger("vllm.v1.core.block_pool")
+        pool.info("Successfully reset prefix cache")
+        pool.warning("Failed to reset prefix cache because some blocks (%d) are not freed yet", 3)  # kept
     messages = [r.getMessage() for r in caplog.records]
     assert messages == ["QKVParallelLinear: Failed to load weights", "Speculative decoding on CPU ...",
-                        "Chat template warmup failed"]
+                        "Chat template warmup failed",
+                        "Failed to reset prefix cache because some blocks (3) are not freed yet"]
     assert set(QUIET) == {"vllm.model_executor.model_loader.reload.layerwise", "vllm.v1.worker.cpu_worker",
-                          "vllm.renderers.base"}
+                          "vllm.renderers.base", "vllm.model_executor.model_loader.reload.inplace",
+                          "vllm.v1.core.block_pool"}

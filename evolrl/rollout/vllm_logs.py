@@ -8,6 +8,9 @@ The colocated engine receives new weights after every training step, and vLLM th
 * ``CPU backend doesn't allow to use torch.set_num_threads ...``: on the CPU build vLLM pins its threads and
   turns every later ``torch.set_num_threads`` call in the process into this warning.
 * ``Chat template warmup failed``: the engine takes token ids and has no tokenizer by design.
+* ``Reloading and processing weights took ...`` and ``Successfully reset prefix cache``: the two halves of
+  every weight push (info level); the engine's step timings already count the push. A cache that cannot
+  be reset is still a warning from vLLM, and an error from the engine.
 
 Only these exact messages are dropped: other warnings and every error from the same loggers still reach
 the user (``tests/test_vllm_logs.py``). Filters, not levels: vLLM resets its loggers' levels.
@@ -19,6 +22,8 @@ import logging
 
 QUIET = {
     "vllm.model_executor.model_loader.reload.layerwise": ("RotaryEmbedding: Failed to load weights",),
+    "vllm.model_executor.model_loader.reload.inplace": ("Reloading and processing weights took",),
+    "vllm.v1.core.block_pool": ("Successfully reset prefix cache",),
     "vllm.v1.worker.cpu_worker": ("CPU backend doesn't allow to use `torch.set_num_threads`",),
     "vllm.renderers.base": ("Chat template warmup failed",),
 }
