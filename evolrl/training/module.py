@@ -9,7 +9,8 @@ Non-obvious decisions:
 * ``old_logprobs`` are recomputed with the policy before the update, not taken from
   the sampler (vLLM's bf16 kernels differ from the trainer's numerics). The first
   mini-batch takes them from its own forward pass (the policy has not moved yet).
-* A reference model exists only when ``kl_coef > 0``.
+* A reference model exists only when ``kl_coef > 0``. The policy's weights stay in ``dtype`` (float32) under bf16
+  precision; only copies are bf16 (the reference, FSDP's all-gathered compute copies): see ``build.py``.
 * Rollouts are sampled inside ``training_step`` (``RolloutRequest.sample``), after the
   previous step's weights reached the engine; their weights version is checked. The data
   module publishes the rollout side (``Rollouts``: engine, sampling, weights version); the
@@ -22,7 +23,6 @@ Non-obvious decisions:
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import asdict, dataclass
 
@@ -34,11 +34,10 @@ from torch import nn
 from evolrl.algorithms import group_advantages
 from evolrl.callbacks import LabelFreeDiagnostics, PassAtK, PolicyStats, SampleLogger
 from evolrl.data.datamodule import RolloutRequest
-from evolrl.distributed import shard
-from evolrl.models import load_policy
 from evolrl.rewards import EvolReward, Reward
 from evolrl.rollout import Rollouts
 from evolrl.settings import check_choice, require
+from evolrl.training.build import DTYPES, Dtypes, build_models
 from evolrl.training.evaluation import grade_request
 from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, total_training_steps
 from evolrl.training.sequences import pack
@@ -63,7 +62,10 @@ class EvolRLModule(L.LightningModule):
         optim: Optimizer and schedule settings.
         mini_batch_size: Sequences per optimizer step (paper: 32, one prompt's G).
         micro_batch_size: Sequences per forward/backward pass (at most ``mini_batch_size``).
-        dtype: Policy weights dtype when loaded (use ``trainer.precision`` for mixed precision).
+        dtype: Policy weights dtype when loaded: the optimizer's master weights (use ``trainer.precision`` for bf16).
+        reference_dtype: The frozen reference's dtype; ``auto``: bfloat16 under bf16 precision, else ``dtype``.
+        fsdp_param_dtype: Under FSDP, the dtype of the all-gathered copies of the weights that forward and backward
+            use (the shards keep ``dtype``; gradients are reduced in float32); ``auto`` as ``reference_dtype``.
         gradient_checkpointing: Trade compute for activation memory.
         logprob_chunk_size: Tokens per chunk in the log-prob/entropy computation.
         trust_remote_code: Allow the model repository's own code to run.
@@ -81,6 +83,8 @@ class EvolRLModule(L.LightningModule):
         mini_batch_size: int = 32,
         micro_batch_size: int = 2,
         dtype: str = "float32",
+        reference_dtype: str = "auto",
+        fsdp_param_dtype: str = "auto",
         gradient_checkpointing: bool = False,
         logprob_chunk_size: int = 1024,
         trust_remote_code: bool = False,
@@ -88,10 +92,13 @@ class EvolRLModule(L.LightningModule):
         super().__init__()
         require(bool(model), "EvolRLModule.model", model, "a Hub name, a directory, a .gguf file or pkg://package/file")
         check_choice("EvolRLModule.dtype", dtype, ("float32", "bfloat16", "float16"))
+        check_choice("EvolRLModule.reference_dtype", reference_dtype, DTYPES)
+        check_choice("EvolRLModule.fsdp_param_dtype", fsdp_param_dtype, DTYPES)
         # Plain values only, so checkpoints load with torch.load(weights_only=True).
         self.save_hyperparameters({
             "model": model, "loss": asdict(loss), "optim": asdict(optim), "mini_batch_size": mini_batch_size,
-            "micro_batch_size": micro_batch_size, "dtype": dtype,
+            "micro_batch_size": micro_batch_size, "dtype": dtype, "reference_dtype": reference_dtype,
+            "fsdp_param_dtype": fsdp_param_dtype,
             "gradient_checkpointing": gradient_checkpointing, "logprob_chunk_size": logprob_chunk_size,
         })
         self.automatic_optimization = False
@@ -99,7 +106,7 @@ class EvolRLModule(L.LightningModule):
         self.reward = reward if reward is not None else EvolReward()
         self.update = GRPOUpdate(loss, mini_batch_size, micro_batch_size, logprob_chunk_size, optim.max_grad_norm)
         self.optim_cfg = optim
-        self.dtype_name = dtype
+        self.dtype_name, self.reference_dtype, self.fsdp_param_dtype = dtype, reference_dtype, fsdp_param_dtype
         self.gradient_checkpointing = gradient_checkpointing
         self.trust_remote_code = trust_remote_code
         self.policy = None
@@ -122,15 +129,14 @@ class EvolRLModule(L.LightningModule):
     def configure_model(self) -> None:
         if self.policy is not None:
             return
-        self.policy = load_policy(self.model_name, self.dtype_name, self.trust_remote_code).train()
-        if self.gradient_checkpointing:
-            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if self.update.loss.kl_coef > 0:
-            self.reference = Frozen(copy.deepcopy(self.policy).eval().requires_grad_(False))
-        if self.device_mesh is not None:  # ModelParallelStrategy: FSDP2 over the data-parallel ranks
-            shard(self.policy, self.device_mesh["data_parallel"])
-            if self.reference is not None:
-                shard(self.reference.model, self.device_mesh["data_parallel"])
+        dtypes = Dtypes.resolve(str(self.trainer.precision), self.dtype_name, self.reference_dtype,
+                                self.fsdp_param_dtype)
+        mesh = self.device_mesh["data_parallel"] if self.device_mesh is not None else None  # ModelParallelStrategy
+        self.policy, reference = build_models(
+            self.model_name, dtypes, with_reference=self.update.loss.kl_coef > 0, mesh=mesh,
+            device=self.trainer.strategy.root_device, gradient_checkpointing=self.gradient_checkpointing,
+            trust_remote_code=self.trust_remote_code)
+        self.reference = Frozen(reference) if reference is not None else None
 
     def configure_optimizers(self):
         steps = total_training_steps(self.trainer, self.trainer.datamodule.steps_per_epoch())

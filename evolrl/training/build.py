@@ -1,0 +1,87 @@
+"""The policy and its frozen reference, built once per run (``EvolRLModule.configure_model``).
+
+Non-obvious decisions:
+
+* One process: the policy is loaded whole and the reference is a copy of it (in ``Dtypes.reference``).
+* Several ranks (FSDP2): only rank 0 reads the weights. Every rank builds the architecture with its parameters
+  on the meta device (no memory), shards it, allocates only its own shards and receives its slice of each tensor
+  from rank 0, one tensor at a time (``evolrl.distributed.fill_from_rank0``); the reference is filled from the
+  same copy. Peak host memory: one full copy on rank 0 plus each rank's shards, where every rank used to hold
+  the whole policy and a whole deep copy for the reference (``tools/host_memory.py`` measures both).
+* The policy's weights are the optimizer's master weights and keep ``EvolRLModule.dtype`` (float32) under any
+  precision: Adam moves a weight by about the learning rate per step, and the paper's 5e-7 is ~100x below
+  bf16's spacing near a typical weight (|w| ~ 1e-2: 2^-14 ~ 6e-5), so bf16 master weights would not move.
+  Only copies are bf16: the reference (never updated) and, under FSDP, the all-gathered copies the forward and
+  backward compute with (gradients are reduced in float32 into the float32 shards).
+* ``bf16-true`` is Lightning's "everything in bf16": its precision plugin casts the policy itself to bf16 after
+  ``configure_model`` (master weights included); the paper configs use ``bf16-mixed``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from evolrl.distributed import broadcast_object, fill_from_rank0, shard
+from evolrl.models import empty_policy, load_policy, model_config
+
+DTYPES = ("auto", "float32", "bfloat16")
+"""Choices of ``EvolRLModule.reference_dtype`` and ``fsdp_param_dtype``; ``auto`` follows the trainer's precision."""
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    """The dtypes of the policy's master weights, of the reference, and of FSDP's all-gathered compute copies."""
+
+    policy: str
+    """Master weights (``EvolRLModule.dtype``)."""
+    reference: str
+    """The frozen reference of the KL term."""
+    fsdp_param: str
+    """What FSDP2 all-gathers the policy (and the reference) in for compute; the shards keep their dtype."""
+
+    @classmethod
+    def resolve(cls, precision: str, policy: str, reference: str = "auto", fsdp_param: str = "auto") -> Dtypes:
+        """``auto`` is bfloat16 under a bf16 ``trainer.precision``, else the policy's dtype."""
+        low = "bfloat16" if precision.startswith("bf16") else policy
+        return cls(policy, low if reference == "auto" else reference, low if fsdp_param == "auto" else fsdp_param)
+
+
+def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, device: torch.device | None = None,
+                 gradient_checkpointing: bool = False, trust_remote_code: bool = False
+                 ) -> tuple[nn.Module, nn.Module | None]:
+    """``(policy, reference or None)``: loaded whole without ``mesh``; else sharded over it and filled from rank 0."""
+    if mesh is None:
+        policy = _trainable(load_policy(name, dtypes.policy, trust_remote_code), gradient_checkpointing)
+        reference = _frozen(copy.deepcopy(policy).to(getattr(torch, dtypes.reference))) if with_reference else None
+        return policy, reference
+    device = device or torch.device("cpu")
+    full = load_policy(name, dtypes.policy, trust_remote_code) if dist.get_rank() == 0 else None
+    state = full.state_dict() if full is not None else None
+    generation_config = broadcast_object(full.generation_config if full is not None else None)
+    config = model_config(name, trust_remote_code)
+    compute = getattr(torch, dtypes.fsdp_param)
+
+    def sharded(dtype: str, trainable: bool) -> nn.Module:
+        model = empty_policy(config, dtype, trust_remote_code)
+        model.generation_config = generation_config  # the engines read the stop tokens from it
+        model = _trainable(model, gradient_checkpointing) if trainable else _frozen(model)
+        return fill_from_rank0(shard(model, mesh, compute), state, device)
+
+    policy = sharded(dtypes.policy, trainable=True)
+    reference = sharded(dtypes.reference, trainable=False) if with_reference else None
+    return policy, reference
+
+
+def _trainable(model: nn.Module, gradient_checkpointing: bool) -> nn.Module:
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.train()
+
+
+def _frozen(model: nn.Module) -> nn.Module:
+    return model.eval().requires_grad_(False)
