@@ -24,10 +24,15 @@ def test_only_the_named_notices_are_dropped(caplog):
         pool = logging.getLogger("vllm.v1.core.block_pool")
         pool.info("Successfully reset prefix cache")
         pool.warning("Failed to reset prefix cache because some blocks (%d) are not freed yet", 3)  # kept
+        executor = logging.getLogger("vllm.v1.executor.abstract")
+        executor.info("It took %.6f seconds to fall asleep.", 0.02)  # every sampling call with sleep_level
+        executor.warning("Executor is already sleeping.")  # kept
     messages = [r.getMessage() for r in caplog.records]
     assert messages == ["QKVParallelLinear: Failed to load weights", "Speculative decoding on CPU ...",
                         "Chat template warmup failed",
-                        "Failed to reset prefix cache because some blocks (3) are not freed yet"]
+                        "Failed to reset prefix cache because some blocks (3) are not freed yet",
+                        "Executor is already sleeping."]
     assert set(QUIET) == {"vllm.model_executor.model_loader.reload.layerwise", "vllm.v1.worker.cpu_worker",
                           "vllm.renderers.base", "vllm.model_executor.model_loader.reload.inplace",
-                          "vllm.v1.core.block_pool"}
+                          "vllm.v1.core.block_pool", "vllm.v1.executor.abstract", "vllm.v1.worker.gpu_worker",
+                          "vllm.device_allocator.cumem"}

@@ -19,10 +19,12 @@ def sampler_logprob_gap(engine: RolloutEngine, policy: nn.Module, prompts: Seque
 
     About 1e-6 when the engine holds the policy's current weights (float32 on both sides); a stale
     or wrongly loaded engine is off by orders of magnitude more. ``n`` responses per prompt, seeded with
-    ``seed``. ``sampling.temperature`` must be 1 (engines report the log-probs of the unscaled distribution).
+    ``seed``. The policy's side is scored as the trainer scores it, under ``softmax(logits / temperature)``;
+    without top-p/top-k, since an engine renormalizes its log-probs over the tokens those keep.
     """
-    if sampling.temperature != 1.0:
-        raise ValueError(f"sampler_logprob_gap needs temperature 1.0, got {sampling.temperature}")
+    if sampling.top_p != 1.0 or sampling.top_k != -1:
+        raise ValueError(f"sampler_logprob_gap compares untruncated distributions: top_p 1 and top_k -1, got "
+                         f"top_p {sampling.top_p}, top_k {sampling.top_k}")
     device = next(policy.parameters()).device
     gaps = []
     for group in engine.generate(prompts, prompt_ids, sampling, n, seed):
@@ -30,7 +32,8 @@ def sampler_logprob_gap(engine: RolloutEngine, policy: nn.Module, prompts: Seque
             raise ValueError(f"{type(engine).__name__} does not report the log-probs of the tokens it samples")
         for response, reported in zip(group.response_ids, group.sampler_logprobs):
             tokens = torch.tensor([list(group.prompt_ids) + list(response)], device=device)
-            logp, _ = logprobs_and_entropy(policy(input_ids=tokens).logits[:, :-1], tokens[:, 1:])
+            logits = policy(input_ids=tokens).logits[:, :-1]
+            logp, _ = logprobs_and_entropy(logits, tokens[:, 1:], sampling.temperature)
             mine = logp[0, len(group.prompt_ids) - 1 :].cpu()
             gaps.append((mine - torch.tensor(reported)).abs().max().item())
     return max(gaps)

