@@ -1,0 +1,121 @@
+"""Estimated per-GPU memory of a paper run, component by component, with and without vLLM's sleep mode.
+
+    python tools/gpu_budget.py                        # Qwen3-4B-Base, configs/paper (8 x 80 GB)
+    python tools/gpu_budget.py --config path/to/config.json --gpus 8 --gpu-gib 80
+
+Every figure is an *estimate* from the model's shape and the run's settings (formulas below, next to
+each line); none is measured on a GPU. docs/gpu.md prints this table. The defaults are the paper
+configs: P = 1 prompt per rank, V = 64 samples of up to 1,024 + 12,288 tokens, micro-batches of 2
+sequences, gradient checkpointing, bf16 compute with fp32 master weights sharded by FSDP2 (bf16
+all-gathers), the frozen reference in bf16, Qwen3-Embedding-4B in bf16 embedding 8 texts at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The decoder's shape (a Hugging Face config's fields)."""
+
+    params: float
+    hidden: int
+    layers: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+
+
+QWEN3_4B = Shape(params=4.02e9, hidden=2560, layers=36, kv_heads=8, head_dim=128, intermediate=9728, vocab=151936)
+"""Qwen3-4B-Base's published config.json (the policy); Qwen3-Embedding-4B has the same decoder shape."""
+
+
+def from_config(path: str) -> Shape:
+    with open(path) as file:
+        cfg = json.load(file)
+    heads = cfg["num_attention_heads"]
+    hidden = cfg["hidden_size"]
+    layers = cfg["num_hidden_layers"]
+    inter = cfg["intermediate_size"]
+    vocab = cfg["vocab_size"]
+    kv = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or hidden // heads
+    attention = hidden * head_dim * (heads * 2 + kv * 2)  # q, o, k, v
+    params = layers * (attention + 3 * hidden * inter) + vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
+    return Shape(params, hidden, layers, kv, head_dim, inter, vocab)
+
+
+def budget(m: Shape, gpus: int, gpu_gib: float, vllm_fraction: float, samples: int, prompt: int, new: int,
+           micro: int, embed_batch: int) -> list[tuple[str, str, float, float]]:
+    """``(component, formula, GiB while sampling, GiB during the update)`` rows, without sleep mode."""
+    tokens = prompt + new
+    shard = m.params / gpus
+    block = (m.params - m.vocab * m.hidden) / m.layers
+    vllm = vllm_fraction * gpu_gib
+    kv_per_token = 2 * m.layers * m.kv_heads * m.head_dim * 2
+    mb_tokens = micro * tokens
+    rows = [
+        ("vLLM (weights + KV cache + buffers)", f"gpu_memory_utilization {vllm_fraction} x {gpu_gib:g} GiB",
+         vllm, vllm),
+        ("embedder weights (bf16)", "params x 2 B", m.params * 2 / GIB, m.params * 2 / GIB),
+        ("embedder activations (reward only)", f"{embed_batch} texts x {tokens} tokens x (3 x intermediate + 2 x hidden) x 2 B",
+         0.0, 0.0),
+        ("policy master shard (fp32)", f"params / {gpus} x 4 B", shard * 4 / GIB, shard * 4 / GIB),
+        ("gradient shard (fp32)", f"params / {gpus} x 4 B", 0.0, shard * 4 / GIB),
+        ("AdamW moments (fp32)", f"2 x params / {gpus} x 4 B", shard * 8 / GIB, shard * 8 / GIB),
+        ("reference shard (bf16)", f"params / {gpus} x 2 B", shard * 2 / GIB, shard * 2 / GIB),
+        ("all-gathered bf16 params", "embeddings + 2 blocks in flight, x 2 B", 0.0,
+         (m.vocab * m.hidden + 2 * block) * 2 / GIB),
+        ("activations (checkpointed)", f"{micro} x {tokens} tokens x hidden x layers x 2 B + one block recomputed",
+         0.0, (mb_tokens * m.hidden * m.layers * 2 + mb_tokens * (3 * m.intermediate + 6 * m.hidden) * 2) / GIB),
+        ("logits + their gradient (bf16) + fp32 chunk", f"2 x {micro} x {new} x vocab x 2 B + 3 x 1024 x vocab x 4 B",
+         0.0, (2 * micro * new * m.vocab * 2 + 3 * 1024 * m.vocab * 4) / GIB),
+    ]
+    embed_act = embed_batch * tokens * (3 * m.intermediate + 2 * m.hidden) * 2 / GIB
+    rows[2] = (rows[2][0], rows[2][1], embed_act, 0.0)
+    kv_tokens = (vllm * GIB - m.params * 2) / kv_per_token
+    rows.append(("(vLLM KV cache holds)", f"{kv_per_token / 1024:.0f} KiB per token; {samples} x {tokens} wanted",
+                 kv_tokens / 1e3, samples * tokens / 1e3))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="a Hugging Face config.json (default: Qwen3-4B-Base's shape)")
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--gpu-gib", type=float, default=80.0)
+    parser.add_argument("--vllm-fraction", type=float, default=0.4, help="the engine's gpu_memory_utilization")
+    parser.add_argument("--samples", type=int, default=64, help="vote samples per rank per step (P x V)")
+    parser.add_argument("--prompt", type=int, default=1024)
+    parser.add_argument("--new", type=int, default=12288)
+    parser.add_argument("--micro", type=int, default=2, help="micro_batch_size")
+    parser.add_argument("--embed-batch", type=int, default=8)
+    parser.add_argument("--sleep-residual-gib", type=float, default=1.0,
+                        help="what a sleeping engine keeps on the GPU (CUDA context, buffers; an assumption)")
+    args = parser.parse_args()
+    shape = from_config(args.config) if args.config else QWEN3_4B
+    rows = budget(shape, args.gpus, args.gpu_gib, args.vllm_fraction, args.samples, args.prompt, args.new,
+                  args.micro, args.embed_batch)
+    print("| component (estimated) | formula | sampling + reward, GiB | update, GiB |")
+    print("|---|---|---|---|")
+    for name, formula, sampling, update in rows[:-1]:
+        print(f"| {name} | {formula} | {sampling:.1f} | {update:.1f} |")
+    sampling_total = sum(r[2] for r in rows[:-1])
+    update_total = sum(r[3] for r in rows[:-1])
+    print(f"| **peak, no sleep mode** | sum | {sampling_total:.1f} | {update_total:.1f} |")
+    slept = update_total - rows[0][3] + args.sleep_residual_gib
+    print(f"| **update with sleep level 2** | vLLM keeps ~{args.sleep_residual_gib:g} GiB (assumed) | - | "
+          f"{slept:.1f} |")
+    name, formula, held, wanted = rows[-1]
+    print(f"\nKV cache: about {held:.0f}k tokens fit of the {wanted:.0f}k that all samples at full length would "
+          f"need ({formula}); vLLM queues the rest.")
+
+
+if __name__ == "__main__":
+    main()
