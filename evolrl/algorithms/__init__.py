@@ -6,9 +6,10 @@ No Lightning, no model code: tensors in, tensors out. Token tensors are
 
 from evolrl.algorithms.advantages import group_advantages
 from evolrl.algorithms.aggregation import AGGREGATIONS, aggregate, normalizer_count
+from evolrl.algorithms.chunked_head import head_logprobs_and_entropy
 from evolrl.algorithms.kl import low_var_kl
 from evolrl.algorithms.logprobs import logprobs_and_entropy
 from evolrl.algorithms.policy_loss import clipped_surrogate
 
-__all__ = ["AGGREGATIONS", "aggregate", "clipped_surrogate", "group_advantages", "logprobs_and_entropy", "low_var_kl",
-           "normalizer_count"]
+__all__ = ["AGGREGATIONS", "aggregate", "clipped_surrogate", "group_advantages", "head_logprobs_and_entropy",
+           "logprobs_and_entropy", "low_var_kl", "normalizer_count"]

@@ -1,0 +1,155 @@
+"""Token log-probs and entropy straight from the final hidden states: the LM head fused in, never all the logits.
+
+``logprobs_and_entropy`` (``logprobs.py``) needs the ``[N, L, V]`` logits the model's head produced, and autograd
+keeps them for the backward: with Qwen3's 151,936-token vocabulary, 8 x 4k tokens of bf16 logits are ~10 GB before
+any float32 copy. Here one autograd function takes ``hidden [N, L, H]`` and the head's ``weight [V, H]`` and, one
+chunk of rows at a time, computes the chunk's logits, its float32 log-softmax, the token's log-prob and the entropy,
+then drops the chunk. It saves only its inputs and two numbers per row (``lse``, ``H``); the backward recomputes each
+chunk's logits (one extra ``C x H x V`` matmul per chunk, the usual activation-checkpointing trade) and applies the
+same formulas as ``logprobs.py``, with ``x = logits / T``:
+
+    d log p(t) / dx = onehot(t) - p        d H / dx = -p * (log p + H)
+
+so the step's peak is one chunk's logits (a few ``[C, V]`` float32 buffers) plus the float32 ``[V, H]`` weight
+gradient, whatever the length.
+
+Dtypes, decided here rather than left to autocast (which is on during a custom function's forward but not its
+backward, so leaving it implicit would recompute different logits in the backward than the forward saw ``lse`` of):
+
+* compute dtype ``D``: autocast's dtype for the device when autocast is on (what ``lm_head`` under autocast would
+  use), else the promoted dtype of ``hidden`` and ``weight`` (FSDP2's mixed precision hands over bf16 copies). The
+  matmuls run in ``D``, inside and outside autocast, forward and backward alike;
+* the log-softmax, ``lse``, entropy and the gradient of the logits are float32 (float64 when ``D`` is float64, so the
+  function can be gradchecked and used as an exact reference); the outputs have that dtype;
+* the weight (and bias) gradient is accumulated over chunks in a float32 buffer, one ``D`` matmul per chunk, and
+  cast to the weight's dtype once at the end; ``grad_hidden`` is written per chunk in ``hidden``'s dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
+    """The matmul dtype: autocast's when it is on (as ``lm_head`` would run), else the inputs' promoted dtype."""
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return torch.promote_types(hidden.dtype, weight.dtype)
+
+
+def _scaled_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float,
+                   softmax_dtype: torch.dtype) -> Tensor:
+    """``x = (hidden @ weight.T + bias) / T`` for one chunk ``[C, V]``, matmul in the weight's dtype, ``x`` in float32."""
+    logits = hidden.to(weight.dtype) @ weight.T
+    if bias is not None:
+        logits = logits.add_(bias)
+    return logits.to(softmax_dtype).div_(temperature)  # .to copies unless the dtypes match; then the matmul's buffer
+
+
+def _grad_scaled_logits(logq: Tensor, tokens: Tensor, entropy: Tensor, grad_logp: Tensor | None,
+                        grad_entropy: Tensor | None) -> Tensor:
+    """``dLoss/dx`` for one chunk from ``log p`` (``logq``, overwritten): logprobs.py's formulas, in place."""
+    p = logq.exp()
+    if grad_entropy is not None:  # -g_H * p * (log p + H)
+        grad = logq.add_(entropy[:, None]).mul_(p).mul_(-grad_entropy[:, None])
+        if grad_logp is not None:  # g_logp * (onehot - p)
+            grad.sub_(p.mul_(grad_logp[:, None]))
+    else:
+        grad = p.mul_(-grad_logp[:, None])
+    if grad_logp is not None:
+        grad.scatter_add_(-1, tokens[:, None], grad_logp[:, None])
+    return grad
+
+
+class _HeadLogprobEntropy(torch.autograd.Function):
+    """``(log p(token), H)`` for rows ``hidden [R, H]`` under ``softmax((hidden @ weight.T + bias) / T)``."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, tokens: Tensor, temperature: float,
+                chunk_size: int) -> tuple[Tensor, Tensor]:
+        dtype = _compute_dtype(hidden, weight)
+        softmax_dtype = torch.promote_types(dtype, torch.float32)
+        rows = hidden.shape[0]
+        logp = hidden.new_empty(rows, dtype=softmax_dtype)
+        entropy, lse = torch.empty_like(logp), torch.empty_like(logp)
+        with torch.autocast(hidden.device.type, enabled=False):  # dtypes are explicit below
+            w = weight.to(dtype)
+            b = None if bias is None else bias.to(dtype)
+            for start in range(0, rows, chunk_size):
+                rows_ = slice(start, start + chunk_size)
+                logq = _scaled_logits(hidden[rows_], w, b, temperature, softmax_dtype)
+                lse[rows_] = torch.logsumexp(logq, dim=-1)
+                logq.sub_(lse[rows_, None])  # log p, in place
+                logp[rows_] = logq.gather(-1, tokens[rows_, None]).squeeze(-1)
+                entropy[rows_] = -logq.exp().mul_(logq).sum(-1)
+                del logq  # else it lives on while the next chunk's logits are allocated: two chunks at the peak
+        ctx.save_for_backward(hidden, weight, bias, tokens, lse, entropy)
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None: its term is skipped
+        ctx.temperature, ctx.chunk_size, ctx.dtype = temperature, chunk_size, dtype
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp: Tensor | None, grad_entropy: Tensor | None):
+        hidden, weight, bias, tokens, lse, entropy = ctx.saved_tensors
+        if grad_logp is None and grad_entropy is None:  # neither output reached the loss: no gradient (zeros)
+            return None, None, None, None, None, None
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        dtype, softmax_dtype = ctx.dtype, lse.dtype
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=softmax_dtype, device=weight.device) if need_weight else None
+        grad_bias = torch.zeros(bias.shape, dtype=softmax_dtype, device=bias.device) if need_bias else None
+        grad_logp = None if grad_logp is None else grad_logp.to(softmax_dtype)
+        grad_entropy = None if grad_entropy is None else grad_entropy.to(softmax_dtype)
+        with torch.autocast(hidden.device.type, enabled=False):
+            w = weight.to(dtype)
+            b = None if bias is None else bias.to(dtype)
+            for start in range(0, hidden.shape[0], ctx.chunk_size):
+                rows_ = slice(start, start + ctx.chunk_size)
+                h = hidden[rows_].to(dtype)
+                logq = _scaled_logits(h, w, b, ctx.temperature, softmax_dtype).sub_(lse[rows_, None])
+                grad = _grad_scaled_logits(logq, tokens[rows_], entropy[rows_],
+                                           None if grad_logp is None else grad_logp[rows_],
+                                           None if grad_entropy is None else grad_entropy[rows_])
+                grad = grad.div_(ctx.temperature)  # dx/dlogits = 1/T
+                if grad_bias is not None:
+                    grad_bias += grad.sum(0)
+                grad = grad.to(dtype)
+                if grad_hidden is not None:
+                    grad_hidden[rows_] = grad @ w
+                if grad_weight is not None and dtype == softmax_dtype:
+                    grad_weight.addmm_(grad.T, h)  # in place: no [V, H] temporary per chunk
+                elif grad_weight is not None:
+                    grad_weight += grad.T @ h  # one D matmul per chunk (a [V, H] D temporary), summed in float32
+                del logq, grad  # one chunk's buffers at a time, as in the forward
+        return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
+                None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None)
+
+
+def head_logprobs_and_entropy(
+    hidden: Tensor, weight: Tensor, tokens: Tensor, temperature: float = 1.0, chunk_size: int = 1024,
+    bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``(log p(token), entropy)``, each ``[N, L]``, of ``softmax((hidden @ weight.T + bias) / T)``, chunk by chunk.
+
+    Equals ``logprobs_and_entropy(hidden @ weight.T, tokens, temperature)`` (values and gradients with respect to
+    ``hidden``, ``weight`` and ``bias``) without ever holding more than ``chunk_size`` rows of logits.
+
+    Args:
+        hidden: ``[N, L, H]`` final hidden states (after the model's last norm) aligned with ``tokens``.
+        weight: ``[V, H]`` the LM head's weight (may be tied to the input embedding; gradients then add up).
+        tokens: ``[N, L]`` the tokens whose log-probs are wanted.
+        temperature: Sampling temperature; the policy is ``softmax(logits / T)``, as in the sampler.
+        chunk_size: Rows (tokens) per chunk: peak memory is about ``4 * chunk_size * V`` float32 numbers.
+        bias: ``[V]`` the head's bias, if it has one.
+
+    Returns:
+        float32 tensors (float64 when the inputs are float64 outside autocast).
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    n, length, width = hidden.shape
+    logp, entropy = _HeadLogprobEntropy.apply(hidden.reshape(n * length, width), weight, bias,
+                                              tokens.reshape(n * length), temperature, chunk_size)
+    return logp.view(n, length), entropy.view(n, length)

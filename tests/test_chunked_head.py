@@ -1,0 +1,151 @@
+"""The fused LM head + log-prob/entropy function against the two paths it replaces: full logits, then either
+``logprobs_and_entropy`` (the chunked function on logits) or a naive autograd ``log_softmax``."""
+
+import pytest
+import torch
+
+from evolrl.algorithms import head_logprobs_and_entropy, logprobs_and_entropy
+
+N, L, H, V = 3, 5, 6, 11  # 15 rows: chunk 4 straddles sequences and leaves a short last chunk, 5 divides, 64 is one
+
+
+def make(dtype=torch.float64, seed=0, bias=False):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(N, L, H, generator=g, dtype=dtype)
+    weight = torch.randn(V, H, generator=g, dtype=dtype)
+    b = torch.randn(V, generator=g, dtype=dtype) if bias else None
+    tokens = torch.randint(0, V, (N, L), generator=g)
+    upstream = torch.randn(2, N, L, generator=g, dtype=dtype)
+    return hidden, weight, b, tokens, upstream
+
+
+def naive(hidden, weight, bias, tokens, temperature):
+    """Plain autograd: full logits, full log-softmax."""
+    logits = hidden @ weight.T + (0 if bias is None else bias)
+    logq = torch.log_softmax(logits / temperature, dim=-1)
+    return logq.gather(-1, tokens[..., None]).squeeze(-1), -(logq.exp() * logq).sum(-1)
+
+
+def reference(hidden, weight, bias, tokens, temperature):
+    """Today's path: the model's full logits, then the chunked function on them."""
+    logits = hidden @ weight.T + (0 if bias is None else bias)
+    return logprobs_and_entropy(logits, tokens, temperature, chunk_size=4)
+
+
+def values_and_grads(fn, hidden, weight, bias, tokens, temperature, upstream, use=(0, 1)):
+    leaves = [t.detach().clone().requires_grad_(True) for t in (hidden, weight) + ((bias,) if bias is not None else ())]
+    outputs = fn(leaves[0], leaves[1], leaves[2] if bias is not None else None, tokens, temperature)
+    sum(((outputs[i] * upstream[i]).sum() for i in use), torch.zeros(())).backward()
+    return [o.detach() for o in outputs], [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk_size", [4, 5, 64])
+@pytest.mark.parametrize("use", [(0, 1), (0,), (1,)])  # both outputs, log-probs alone, entropy alone
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_matches_full_logit_paths(temperature, chunk_size, use, dtype):
+    hidden, weight, bias, tokens, upstream = make(dtype, bias=chunk_size == 5)
+
+    def fused(h, w, b, t, temp):
+        return head_logprobs_and_entropy(h, w, t, temp, chunk_size, bias=b)
+
+    out, grads = values_and_grads(fused, hidden, weight, bias, tokens, temperature, upstream, use)
+    assert all(o.dtype == (torch.float64 if dtype == torch.float64 else torch.float32) for o in out)
+    assert all(g.dtype == dtype for g in grads)
+    tight = {"atol": 1e-12, "rtol": 1e-10} if dtype == torch.float64 else {"atol": 2e-5, "rtol": 1e-5}
+    naive_out, naive_grads = values_and_grads(naive, hidden, weight, bias, tokens, temperature, upstream, use)
+    for a, b in zip(out + grads, naive_out + naive_grads):
+        torch.testing.assert_close(a, b.to(a.dtype), **tight)
+    # logprobs.py computes in float32 whatever the input: float32-level agreement
+    ref_out, ref_grads = values_and_grads(reference, hidden, weight, bias, tokens, temperature, upstream, use)
+    for a, b in zip(out + grads, ref_out + ref_grads):
+        torch.testing.assert_close(a.to(b.dtype), b, atol=2e-5, rtol=1e-5)
+
+
+def test_gradcheck_float64():
+    hidden, weight, bias, tokens, _ = make(bias=True)
+    hidden, weight, bias = (t[:2, :3].clone() if t.dim() == 3 else t.clone() for t in (hidden, weight, bias))
+    tokens = tokens[:2, :3]
+
+    def fn(h, w, b):
+        return head_logprobs_and_entropy(h, w, tokens, 0.7, chunk_size=4, bias=b)
+
+    assert torch.autograd.gradcheck(fn, (hidden.requires_grad_(), weight.requires_grad_(), bias.requires_grad_()))
+
+
+def test_tied_weight_gradients_accumulate():
+    """The head's weight is also the input embedding: both uses' gradients must land on the one Parameter."""
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, V, (N, L + 1), generator=g)
+    mix = torch.randn(H, H, generator=g, dtype=torch.float64)
+    upstream = torch.randn(2, N, L, generator=g, dtype=torch.float64)
+    grads = []
+    for path in ("fused", "naive"):
+        embed = torch.nn.Embedding(V, H, dtype=torch.float64)
+        with torch.no_grad():
+            embed.weight.copy_(torch.randn(V, H, generator=torch.Generator().manual_seed(4), dtype=torch.float64))
+        hidden = torch.tanh(embed(ids[:, :-1]) @ mix)  # a stand-in for the decoder
+        if path == "fused":
+            logp, ent = head_logprobs_and_entropy(hidden, embed.weight, ids[:, 1:], 0.7, chunk_size=4)
+        else:
+            logp, ent = naive(hidden, embed.weight, None, ids[:, 1:], 0.7)
+        (logp * upstream[0] + ent * upstream[1]).sum().backward()
+        grads.append(embed.weight.grad)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-12, rtol=1e-10)
+
+
+def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_bf16(autocast):
+    """bf16 weights, or float32 ones under bf16 autocast: matmuls in bf16, softmax in float32.
+
+    Against float64 on the same bf16-rounded inputs, the only error that is not float32 round-off is the rounding
+    of each logit to bf16: at most ``d = 2**-8 * max|logit|`` (half an ulp is 2**-9 relative; twice that for margin).
+    A shift of every ``x = logit / T`` by at most ``d / T`` moves ``log p(t) = x_t - lse`` by at most ``2 d / T`` and
+    the entropy by at most ``E_p|log p + H| d / T <= 2 H d / T``. Gradients go through bf16 once more (the
+    ``[C, V]`` gradient of the logits is rounded before its matmuls), so they are compared by norm at 2**-5, a few
+    bf16 roundings, and against today's bf16 path (full bf16 logits) at 2**-6.
+    """
+    hidden, weight, _, tokens, upstream = make(torch.float32, seed=5)
+    hidden, weight = hidden.bfloat16().float() * 2, weight.bfloat16().float()  # exactly representable in bf16
+    upstream = upstream.float()
+    temperature = 0.7
+    inputs = (hidden, weight) if autocast else (hidden.bfloat16(), weight.bfloat16())
+
+    def fused(h, w, b, t, temp):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            return head_logprobs_and_entropy(h, w, t, temp, chunk_size=4)
+
+    def today(h, w, b, t, temp):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = torch.nn.functional.linear(h, w)  # what lm_head returns: bf16 logits
+        return logprobs_and_entropy(logits, t, temp, chunk_size=4)
+
+    out, grads = values_and_grads(fused, *inputs[:2], None, tokens, temperature, upstream)
+    assert all(o.dtype == torch.float32 for o in out)
+    assert all(g.dtype == (torch.float32 if autocast else torch.bfloat16) for g in grads)
+    exact_out, exact_grads = values_and_grads(naive, hidden.double(), weight.double(), None, tokens, temperature,
+                                              upstream.double())
+    d = 2**-8 * float((hidden.double() @ weight.double().T).abs().max())
+    assert (out[0].double() - exact_out[0]).abs().max() <= 2 * d / temperature
+    assert ((out[1].double() - exact_out[1]).abs() <= 2 * exact_out[1] * d / temperature + 1e-6).all()
+    for a, b in zip(grads, exact_grads):
+        assert _relative_error(a, b) < 2**-5
+    today_out, today_grads = values_and_grads(today, *inputs[:2], None, tokens, temperature, upstream)
+    for a, b in zip(out, today_out):  # same bf16 logits, same float32 softmax
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    for a, b in zip(grads, today_grads):
+        assert _relative_error(a, b) < 2**-6
+
+
+def test_no_grad_and_bad_chunk():
+    hidden, weight, _, tokens, _ = make(torch.float32)
+    with torch.no_grad():
+        logp, ent = head_logprobs_and_entropy(hidden, weight, tokens, chunk_size=4)
+    torch.testing.assert_close(logp, torch.log_softmax(hidden @ weight.T, -1).gather(-1, tokens[..., None])[..., 0])
+    assert not logp.requires_grad and (ent <= torch.log(torch.tensor(float(V))) + 1e-5).all()
+    with pytest.raises(ValueError, match="chunk_size"):
+        head_logprobs_and_entropy(hidden, weight, tokens, chunk_size=0)
