@@ -176,3 +176,22 @@ def test_two_ranks_give_the_single_process_gradient_on_the_union_of_their_data(t
     assert sum(g.abs().sum() for g in grads[1].values()) > 0
     for name, g in grads[1].items():
         torch.testing.assert_close(grads[2][name], g, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_token_budget_ranks_run_in_lockstep_and_give_the_single_process_weights(tmp_path, tiny_model):
+    """Packed micro-batches under a token budget, responses whose lengths differ by prompt: the ranks split their
+    mini-batches into different numbers of passes, and the one with fewer pads with filler passes. Both end with
+    the same weights, which are those of one process with both ranks' prompts (plain SGD, so that the final
+    weights compare as tightly as the gradients; AdamW would amplify float noise in near-zero gradients)."""
+    args = ("--scripted", "--uneven", "--sgd", "--packed", "--max-tokens", "200")  # ~75 to ~200 tokens a sequence
+    ranks = fsdp_check(tmp_path / "two", tiny_model, *args)
+    single = fsdp_check(tmp_path / "one", tiny_model, *args, "--devices", "1", "--prompts-per-step", "2")
+    assert ranks[0]["final"] == ranks[1]["final"]
+    assert ranks[0]["passes"] == ranks[1]["passes"]  # per step and mini-batch: the same number of passes...
+    assert any(f != [0] for r in ranks for f in r["fillers"])  # ...of which some were fillers on one rank
+    assert all(f == [0] for f in single[0]["fillers"])
+    expected = torch.load(tmp_path / "one" / "final.pt")
+    final = torch.load(tmp_path / "two" / "final.pt")
+    assert final.keys() == expected.keys()
+    for name, weights in expected.items():
+        torch.testing.assert_close(final[name], weights, rtol=1e-4, atol=1e-7, msg=name)

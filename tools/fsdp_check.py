@@ -18,6 +18,13 @@ format) under OUT_DIR/checkpoints; ``--resume PATH`` continues from one of them.
 and 1 process with both prompts (``--devices 1 --prompts-per-step 2``) train on the same data and
 their first gradients can be compared.
 
+``--max-tokens N`` plans micro-batches by a token budget (``EvolRLModule.max_tokens_per_micro_batch``) and
+``--packed`` packs each into one row; with ``--scripted --uneven`` the responses' lengths depend on the prompt, so
+ranks split their mini-batches differently and must pad to the same number of passes (``plan.lockstep``). Every
+rank reports its passes and filler passes per mini-batch; rank 0 also saves the final full weights (``final.pt``).
+``--sgd`` trains with plain SGD instead of AdamW, so that two runs' final weights compare as tightly as their
+gradients.
+
 ``--precision bf16-mixed`` trains as the paper configs do (FSDP all-gathers bf16 copies, the reference is
 bf16); every rank also reports the dtypes of the policy's shards and gradients, of the copies its first
 block computed with, and of the reference, and digests of the weights at the start (policy, reference).
@@ -74,14 +81,22 @@ class RecordingVLLMEngine(Recording, VLLMEngine):
 
 
 class ScriptedEngine(RecordingEngine):
-    """Fixed responses per prompt, two of them right: the same data however prompts are split over ranks."""
+    """Fixed responses per prompt, two of them right: the same data however prompts are split over ranks.
+
+    ``uneven``: the responses start with 0 to 9 repeats of a phrase without numbers, by the answer, so their
+    lengths differ from prompt to prompt (and so from rank to rank)."""
+
+    def __init__(self, uneven: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.uneven = uneven
 
     def generate(self, prompts, prompt_ids, sampling, n, seed):
         stops = self.stops()
         groups = []
         for prompt, ids in zip(prompts, prompt_ids):
             answer = int(prompt.answer)
-            texts = [f"The answer is {answer}.", f"{answer}", f"{answer + 1}", "no"][:n]
+            lead = "We add the numbers. " * (answer % 4 * 3) if self.uneven else ""
+            texts = [lead + t for t in (f"The answer is {answer}.", f"{answer}", f"{answer + 1}", "no")][:n]
             responses = [self.tokenizer(t, add_special_tokens=False)["input_ids"] + stops[:1] for t in texts]
             groups.append(build_group(prompt, ids, responses, stops, sampling.max_new_tokens, self.tokenizer))
         return groups
@@ -131,6 +146,35 @@ class WeightDtypes(L.Callback):
             self.report.setdefault("grad_dtype", str(p.grad.dtype))
 
 
+class Passes(L.Callback):
+    """The forward/backward passes of each mini-batch this rank ran, and how many of them were fillers."""
+
+    def __init__(self):
+        self.passes, self.fillers = [], []
+
+    def on_train_start(self, trainer, module):
+        plan = module.update.plan
+
+        def recorded(seqs):
+            result = plan(seqs)
+            self.passes.append([len(mini) for mini in result])
+            self.fillers.append([sum(not micro for micro in mini) for mini in result])
+            return result
+
+        module.update.plan = recorded
+
+
+class PlainSGD(EvolRLModule):
+    """SGD at a constant learning rate instead of AdamW: the final weights are then linear in every step's gradients
+    and two runs compare as tightly as their gradients do (AdamW's g / sqrt(v) turns float noise in a gradient near
+    0 into a step of up to the learning rate)."""
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.policy.parameters(), lr=self.optim_cfg.lr)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
 class EveryRankLoading(EvolRLModule):
     """evolrl's loading before it loaded from rank 0 (``tools/host_memory.py``), for comparison."""
 
@@ -159,15 +203,17 @@ class Prompts(L.Callback):
 
 def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int = 1, scripted: bool = False,
          engine_kind: str = "hf", checkpoints: bool = False, resume: str | None = None, precision: str = "32-true",
-         loading: str = "rank0") -> None:
+         loading: str = "rank0", max_tokens: int | None = None, packed: bool = False, uneven: bool = False,
+         sgd: bool = False) -> None:
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     group = 3
-    module_class = EveryRankLoading if loading == "every-rank" else EvolRLModule
+    module_class = EveryRankLoading if loading == "every-rank" else PlainSGD if sgd else EvolRLModule
     module = module_class(model_dir, reward=MajorityVoteReward(), mini_batch_size=group * prompts_per_step,
-                          micro_batch_size=2,  # scripted: no clipping, which would hide a wrong gradient scale
+                          micro_batch_size=2, max_tokens_per_micro_batch=max_tokens, packed=packed,
+                          # scripted: no clipping, which would hide a wrong gradient scale
                           optim=Optimization(lr=1e-2, max_grad_norm=1e6 if scripted else 1.0))
     if scripted:
-        engine = ScriptedEngine()
+        engine = ScriptedEngine(uneven=uneven)
     elif engine_kind == "vllm":
         engine = RecordingVLLMEngine(dtype="float32", enforce_eager=True, kv_cache_gib=0.05, max_model_len=256)
     else:
@@ -177,10 +223,10 @@ def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int =
                              trained_samples=group, sampling=Sampling(max_new_tokens=6),
                              eval_sets=[EvalSet(AdditionPrompts(count=5, seed=1), "add")], eval_samples=2,
                              eval_prompts_per_batch=2)
-    prompts, dtypes = Prompts(), WeightDtypes()
+    prompts, dtypes, passes = Prompts(), WeightDtypes(), Passes()
     strategy = ModelParallelStrategy(data_parallel_size=devices, tensor_parallel_size=1) if devices > 1 else "auto"
     pass_at_k = PassAtK(pass_ks=(1, 2), maj_ks=(2,))
-    callbacks = [prompts, pass_at_k, dtypes, FirstGradient(Path(out_dir, "grads.pt"))]
+    callbacks = [prompts, pass_at_k, dtypes, passes, FirstGradient(Path(out_dir, "grads.pt"))]
     if checkpoints:
         callbacks.append(ModelCheckpoint(Path(out_dir, "checkpoints"), "{step}", every_n_train_steps=1, save_top_k=-1))
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, precision=precision, max_epochs=1,
@@ -189,13 +235,18 @@ def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int =
                         enable_model_summary=False, callbacks=callbacks)
     trainer.fit(module, data, ckpt_path=resume)
     shards = [p for p in module.policy.parameters() if hasattr(p, "full_tensor")]
+    final = full_state_dict(module.policy, torch.float32)  # every rank gathers
+    if trainer.global_rank == 0:
+        torch.save(final, Path(out_dir, "final.pt"))
     report = {
         "rank": trainer.global_rank,
         "world_size": trainer.world_size,
         "sharded_params": len(shards),
         "local_numel": sum(p.to_local().numel() for p in shards),
         "full_numel": sum(p.numel() for p in shards),
-        "final": digest(full_state_dict(module.policy, torch.float32)),
+        "final": digest(final),
+        "passes": passes.passes,  # [step][mini-batch]
+        "fillers": passes.fillers,
         "engine_received": engine.received,
         "engine_version": engine.version,
         "prompts": prompts.ids,
@@ -225,6 +276,10 @@ if __name__ == "__main__":
     parser.add_argument("--precision", default="32-true", help="trainer precision, e.g. bf16-mixed")
     parser.add_argument("--loading", choices=["rank0", "every-rank"], default="rank0",
                         help="build the models from rank 0's copy (evolrl's way) or on every rank (the old way)")
+    parser.add_argument("--max-tokens", type=int, help="token budget per micro-batch (default: 2 sequences)")
+    parser.add_argument("--packed", action="store_true", help="each micro-batch packed into one row")
+    parser.add_argument("--uneven", action="store_true", help="scripted responses whose lengths vary by prompt")
+    parser.add_argument("--sgd", action="store_true", help="plain SGD instead of AdamW (final weights comparable)")
     a = parser.parse_args()
     main(a.model_dir, a.out_dir, a.devices, a.prompts_per_step, a.scripted, a.engine, a.checkpoints, a.resume,
-         a.precision, a.loading)
+         a.precision, a.loading, a.max_tokens, a.packed, a.uneven, a.sgd)

@@ -29,6 +29,15 @@ from torch import nn
 from evolrl.distributed import broadcast_object, fill_from_rank0, shard
 from evolrl.models import empty_policy, load_policy, model_config
 
+
+@dataclass
+class Frozen:
+    """A model held outside the module tree: a plain attribute, not a submodule, so it is never trained, never in
+    checkpoints or the optimizer, and moved to the device explicitly (``on_fit_start``); rebuilt at start."""
+
+    model: nn.Module
+
+
 DTYPES = ("auto", "float32", "bfloat16")
 """Choices of ``EvolRLModule.reference_dtype`` and ``fsdp_param_dtype``; ``auto`` follows the trainer's precision."""
 

@@ -4,8 +4,8 @@ Non-obvious decisions:
 
 * Manual optimization. One training step = one rollout batch, split into
   mini-batches (one optimizer step each, in order, one PPO epoch) and micro-batches
-  (gradient accumulation). The loss normalizer is fixed per mini-batch before the
-  micro-batch loop, so the micro-batch size does not change the math.
+  (gradient accumulation: by count, or by a token budget). The loss normalizer is fixed per
+  mini-batch before the micro-batch loop, so the micro-batch split does not change the math.
 * ``old_logprobs`` are recomputed with the policy before the update, not taken from
   the sampler (vLLM's bf16 kernels differ from the trainer's numerics). The first
   mini-batch takes them from its own forward pass (the policy has not moved yet).
@@ -24,12 +24,11 @@ Non-obvious decisions:
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
-from torch import nn
 
 from evolrl.algorithms import group_advantages
 from evolrl.callbacks import LabelFreeDiagnostics, PassAtK, PolicyStats, SampleLogger
@@ -37,19 +36,12 @@ from evolrl.data.datamodule import RolloutRequest
 from evolrl.rewards import EvolReward, Reward
 from evolrl.rollout import Rollouts
 from evolrl.settings import check_choice, require
-from evolrl.training.build import DTYPES, Dtypes, build_models
+from evolrl.training.build import DTYPES, Dtypes, Frozen, build_models
 from evolrl.training.evaluation import grade_request
 from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, total_training_steps
+from evolrl.training.packing import check_packing
 from evolrl.training.sequences import pack
 from evolrl.training.update import GRPOLoss, GRPOUpdate
-
-
-@dataclass
-class Frozen:
-    """A model held outside the module tree: a plain attribute, not a submodule, so it is never trained, never in
-    checkpoints or the optimizer, and moved to the device explicitly (``on_fit_start``); rebuilt at start."""
-
-    model: nn.Module
 
 
 class EvolRLModule(L.LightningModule):
@@ -61,7 +53,12 @@ class EvolRLModule(L.LightningModule):
         loss: Policy-loss settings.
         optim: Optimizer and schedule settings.
         mini_batch_size: Sequences per optimizer step (paper: 32, one prompt's G).
-        micro_batch_size: Sequences per forward/backward pass (at most ``mini_batch_size``).
+        micro_batch_size: Sequences per forward/backward pass (at most ``mini_batch_size``), unless a token budget.
+        max_tokens_per_micro_batch: Instead of ``micro_batch_size``, bin each mini-batch's sequences into passes of at
+            most this many tokens (padded: rows x longest; packed: the row), a longer one alone; same math.
+        packed: Each pass's sequences back to back in one row, without padding; ``fit`` refuses it at start
+            (SettingError) for a model whose packed sequences would see each other (attention not sdpa, eager,
+            flash or flex, or a probe finds one sequence's log-probs depend on the previous one).
         dtype: Policy weights dtype when loaded: the optimizer's master weights (use ``trainer.precision`` for bf16).
         reference_dtype: The frozen reference's dtype; ``auto``: bfloat16 under bf16 precision, else ``dtype``.
         fsdp_param_dtype: Under FSDP, the dtype of the all-gathered copies of the weights that forward and backward
@@ -82,6 +79,8 @@ class EvolRLModule(L.LightningModule):
         optim: Optimization = Optimization(),  # noqa: B008
         mini_batch_size: int = 32,
         micro_batch_size: int = 2,
+        max_tokens_per_micro_batch: int | None = None,
+        packed: bool = False,
         dtype: str = "float32",
         reference_dtype: str = "auto",
         fsdp_param_dtype: str = "auto",
@@ -97,14 +96,16 @@ class EvolRLModule(L.LightningModule):
         # Plain values only, so checkpoints load with torch.load(weights_only=True).
         self.save_hyperparameters({
             "model": model, "loss": asdict(loss), "optim": asdict(optim), "mini_batch_size": mini_batch_size,
-            "micro_batch_size": micro_batch_size, "dtype": dtype, "reference_dtype": reference_dtype,
+            "micro_batch_size": micro_batch_size, "max_tokens_per_micro_batch": max_tokens_per_micro_batch,
+            "packed": packed, "dtype": dtype, "reference_dtype": reference_dtype,
             "fsdp_param_dtype": fsdp_param_dtype,
             "gradient_checkpointing": gradient_checkpointing, "logprob_chunk_size": logprob_chunk_size,
         })
         self.automatic_optimization = False
         self.model_name = model
         self.reward = reward if reward is not None else EvolReward()
-        self.update = GRPOUpdate(loss, mini_batch_size, micro_batch_size, logprob_chunk_size, optim.max_grad_norm)
+        self.update = GRPOUpdate(loss, mini_batch_size, micro_batch_size, logprob_chunk_size, optim.max_grad_norm,
+                                 max_tokens_per_micro_batch, packed)
         self.optim_cfg = optim
         self.dtype_name, self.reference_dtype, self.fsdp_param_dtype = dtype, reference_dtype, fsdp_param_dtype
         self.gradient_checkpointing = gradient_checkpointing
@@ -168,6 +169,8 @@ class EvolRLModule(L.LightningModule):
     def on_fit_start(self) -> None:
         if self.reference is not None:
             self.reference.model.to(self.device)
+        if self.update.packed:  # here: on its device, with the attention kernels it trains with
+            check_packing(self.policy)
 
     def on_train_start(self) -> None:
         # Not in on_fit_start: with a sharded checkpoint Lightning restores it only after on_fit_start.
@@ -190,7 +193,7 @@ class EvolRLModule(L.LightningModule):
         advantages = group_advantages(rewards, self.update.loss.scale_by_std)  # [P, G]
         self._check_signal(advantages)
         seqs = pack(rollouts, advantages, self.rollouts.pad_token_id).to(self.device)
-        optimizer = CountedOnce(self.optimizers(), self.trainer.strategy, len(self.update.plan(len(seqs))))
+        optimizer = CountedOnce(self.optimizers(), self.trainer.strategy, self.update.optimizer_steps(len(seqs)))
         stats = self.update(self.policy, self.reference.model if self.reference else None, seqs,
                             self.rollouts.temperature, optimizer, self.lr_schedulers(), self.manual_backward,
                             self.trainer.world_size)

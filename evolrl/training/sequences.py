@@ -26,15 +26,28 @@ class Sequences:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def slice(self, start: int, stop: int) -> Sequences:
-        """Rows ``start:stop``, trimmed to their own longest sequence."""
-        width = int(self.attention_mask[start:stop].sum(-1).max().item())
+    @property
+    def lengths(self) -> Tensor:
+        """Tokens in each sequence, ``[N]``."""
+        return self.attention_mask.sum(-1)
+
+    def select(self, rows: list[int]) -> Sequences:
+        """The sequences ``rows`` (in that order), trimmed to their own longest."""
+        index = torch.tensor(rows, device=self.input_ids.device)
+        width = int(self.attention_mask[index].sum(-1).max().item())
         return Sequences(
-            self.input_ids[start:stop, :width],
-            self.attention_mask[start:stop, :width],
-            self.response_mask[start:stop, : width - 1],
-            self.advantages[start:stop],
+            self.input_ids[index, :width],
+            self.attention_mask[index, :width],
+            self.response_mask[index, : width - 1],
+            self.advantages[index],
         )
+
+    @staticmethod
+    def filler(device: torch.device) -> Sequences:
+        """A two-token sequence without response tokens: a forward/backward pass whose loss and gradient are
+        exactly zero, run where another rank has one more micro-batch (``evolrl.training.plan.lockstep``)."""
+        ones = torch.ones(1, 2, dtype=torch.long, device=device)
+        return Sequences(ones * 0, ones, torch.zeros(1, 1, dtype=torch.bool, device=device), torch.zeros(1, device=device))
 
     def to(self, device: torch.device) -> Sequences:
         return Sequences(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.response_mask,

@@ -2,8 +2,10 @@
 
 One training step = one rollout batch, split into mini-batches (one optimizer step each, in
 order, one PPO epoch) and micro-batches (gradient accumulation). The loss normalizer is fixed
-per mini-batch before the micro-batch loop, so the micro-batch size does not change the math;
-across ranks it is the global count. Loss terms are summed on the device and read once.
+per mini-batch before the micro-batch loop, so how a mini-batch is split into micro-batches (a count, or a
+token budget: ``plan.py``) does not change the math; across ranks it is the global count. Loss terms are summed
+on the device and read once. A micro-batch is right-padded rows (``forward.py``) or one packed row
+(``packing.py``); the old-log-prob and reference passes use the same plan.
 
 :class:`GRPOUpdate` holds the settings and owns the micro-batch plan and the forward pass; the
 policy, the reference, the sequences, the optimizer and the schedule are arguments, so it runs
@@ -24,6 +26,8 @@ from evolrl.algorithms import AGGREGATIONS, aggregate, clipped_surrogate, low_va
 from evolrl.distributed import global_sum
 from evolrl.settings import check_choice, check_float, check_int, require
 from evolrl.training.forward import sequence_logprobs
+from evolrl.training.packing import packed_logprobs
+from evolrl.training.plan import Plan, lockstep, micro_batch_plan, mini_batch_ranges, token_budget_plan
 from evolrl.training.sequences import Sequences
 
 
@@ -56,64 +60,74 @@ class GRPOLoss:
         check_choice("GRPOLoss.aggregation", self.aggregation, AGGREGATIONS)
 
 
-def micro_batch_plan(n: int, mini_batch_size: int, micro_batch_size: int) -> list[list[tuple[int, int]]]:
-    """Row ranges ``(start, stop)`` of each micro-batch, grouped by mini-batch (one optimizer step each)."""
-    plan = []
-    for mb_start in range(0, n, mini_batch_size):
-        mb_stop = min(mb_start + mini_batch_size, n)
-        plan.append([(start, min(start + micro_batch_size, mb_stop))
-                     for start in range(mb_start, mb_stop, micro_batch_size)])
-    return plan
-
-
 class GRPOUpdate:
     """GRPO's clipped surrogate (+ KL, - entropy bonus) over one step's sequences, one optimizer step per mini-batch.
 
     Args:
         loss: The loss settings.
         mini_batch_size: Sequences per optimizer step.
-        micro_batch_size: Sequences per forward/backward pass (at most ``mini_batch_size``).
+        micro_batch_size: Sequences per forward/backward pass (at most ``mini_batch_size``); unused with a token
+            budget.
         chunk_size: Tokens per chunk of the log-prob/entropy computation.
         max_grad_norm: Gradient-norm clip; a mini-batch whose norm is not finite is skipped and counted.
+        max_tokens_per_micro_batch: Instead of ``micro_batch_size``, at most this many tokens per pass
+            (``plan.token_budget_plan``; a longer sequence goes alone); ``None``: by count.
+        packed: Each pass's sequences back to back in one row, without padding (``packing.py``).
     """
 
     def __init__(self, loss: GRPOLoss, mini_batch_size: int, micro_batch_size: int, chunk_size: int,
-                 max_grad_norm: float) -> None:
+                 max_grad_norm: float, max_tokens_per_micro_batch: int | None = None, packed: bool = False) -> None:
         check_int("EvolRLModule.mini_batch_size", mini_batch_size, 1)
         check_int("EvolRLModule.micro_batch_size", micro_batch_size, 1)
-        require(micro_batch_size <= mini_batch_size, "EvolRLModule.micro_batch_size", micro_batch_size,
-                f"at most mini_batch_size={mini_batch_size} (a micro-batch is part of one mini-batch)")
+        if max_tokens_per_micro_batch is None:
+            require(micro_batch_size <= mini_batch_size, "EvolRLModule.micro_batch_size", micro_batch_size,
+                    f"at most mini_batch_size={mini_batch_size} (a micro-batch is part of one mini-batch)")
+        else:
+            check_int("EvolRLModule.max_tokens_per_micro_batch", max_tokens_per_micro_batch, 1)
+        require(isinstance(packed, bool), "EvolRLModule.packed", packed, "true or false")
         check_int("EvolRLModule.logprob_chunk_size", chunk_size, 1)
         self.loss = loss
         self.mini_batch_size = mini_batch_size
         self.micro_batch_size = micro_batch_size
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
+        self.packed = packed
         self.chunk_size = chunk_size
         self.max_grad_norm = max_grad_norm
         self.skipped_steps = 0
         """Optimizer steps skipped so far because the gradient norm was not finite."""
 
-    def plan(self, n: int) -> list[list[tuple[int, int]]]:
-        return micro_batch_plan(n, self.mini_batch_size, self.micro_batch_size)
+    def plan(self, seqs: Sequences) -> Plan:
+        """Rows of each micro-batch by mini-batch; with a token budget, as many micro-batches on every rank."""
+        if self.max_tokens_per_micro_batch is None:  # the same on every rank: every rank has as many rows
+            return micro_batch_plan(len(seqs), self.mini_batch_size, self.micro_batch_size)
+        plan = token_budget_plan(seqs.lengths.tolist(), self.mini_batch_size, self.max_tokens_per_micro_batch,
+                                 self.packed)
+        return lockstep(plan, seqs.input_ids.device)
 
     def optimizer_steps(self, sequences_per_step: int) -> int:
         """Optimizer steps (mini-batches) in one training step of ``sequences_per_step`` sequences."""
-        return len(self.plan(sequences_per_step))
+        return len(mini_batch_ranges(sequences_per_step, self.mini_batch_size))
 
     def forward(self, model: nn.Module, seqs: Sequences, temperature: float) -> tuple[Tensor, Tensor]:
-        return sequence_logprobs(model, seqs, temperature, self.chunk_size)
+        logprobs = packed_logprobs if self.packed else sequence_logprobs
+        return logprobs(model, seqs, temperature, self.chunk_size)
+
+    @staticmethod
+    def micro_batch(seqs: Sequences, rows: list[int]) -> Sequences:
+        """The rows of one micro-batch; none: a filler pass (another rank has one more micro-batch)."""
+        return seqs.select(rows) if rows else Sequences.filler(seqs.input_ids.device)
 
     @torch.no_grad()
     def old_and_reference_logprobs(self, policy: nn.Module, reference: nn.Module | None, seqs: Sequences,
-                                   temperature: float) -> tuple[list[Tensor | None], list[Tensor] | None]:
-        """Per micro-batch (in :meth:`plan` order) log-probs of the policy before the update and of the reference.
+                                   temperature: float, plan: Plan) -> tuple[list[Tensor | None], list[Tensor] | None]:
+        """Per micro-batch (in ``plan`` order) log-probs of the policy before the update and of the reference.
 
         The first mini-batch's old log-probs are ``None``: the policy has not changed yet when it is trained on,
         so its own forward pass gives them (detached) and a separate pass would compute the same numbers.
         """
-        plan = self.plan(len(seqs))
         old, ref = [None] * len(plan[0]), [] if reference is not None else None
-        for i, (start, stop) in enumerate(r for mini in plan for r in mini):
-            part = seqs.slice(start, stop)
+        for i, micro in enumerate(micro for mini in plan for micro in mini):
+            part = self.micro_batch(seqs, micro)
             if i >= len(plan[0]):
                 old.append(self.forward(policy, part, temperature)[0])
             if ref is not None:
@@ -131,18 +145,17 @@ class GRPOUpdate:
         data-parallel gradients are averaged.
         """
         cfg = self.loss
-        old_logp, ref_logp = self.old_and_reference_logprobs(policy, reference, seqs, temperature)
+        plan = self.plan(seqs)
+        old_logp, ref_logp = self.old_and_reference_logprobs(policy, reference, seqs, temperature, plan)
         sums: dict[str, Tensor] = {}  # summed on the device, read once at the end (no per-term sync)
-        plan = self.plan(len(seqs))
         index = -1  # position in the flattened plan, matching old_logp / ref_logp
-        for minibatch in plan:
-            mb_start, mb_stop = minibatch[0][0], minibatch[-1][1]
+        for minibatch, rows in zip(plan, mini_batch_ranges(len(seqs), self.mini_batch_size)):
             # Fixed before the micro-batch loop: accumulation does not change the loss.
-            local = normalizer_count(seqs.response_mask[mb_start:mb_stop], cfg.aggregation)
+            local = normalizer_count(seqs.response_mask[rows.start : rows.stop], cfg.aggregation)
             normalizer = global_sum(local.float()) / world_size
-            for start, stop in minibatch:
+            for micro in minibatch:
                 index += 1
-                part = seqs.slice(start, stop)
+                part = self.micro_batch(seqs, micro)
                 logp, entropy = self.forward(policy, part, temperature)
                 old = old_logp[index] if old_logp[index] is not None else logp.detach()
                 pg, clips = clipped_surrogate(logp, old, part.advantages[:, None],

@@ -1,0 +1,93 @@
+"""Padding-free forward passes: a micro-batch's sequences back to back in one row (``EvolRLModule.packed``).
+
+Non-obvious decisions:
+
+* No attention mask, only ``position_ids`` that restart at 0 for every sequence. transformers then builds a
+  block-diagonal causal mask itself (``masking_utils.find_packed_sequence_indices``: a new sequence wherever the
+  position does not grow by 1), but only when ``attention_mask`` is ``None`` and there is no KV cache
+  (``use_cache=False``), and only for the attention implementations that go through its mask functions (sdpa,
+  eager, flex); flash-attention's varlen kernels read the same ``position_ids`` (one row: batch size 1). sdpa and
+  eager materialize that mask, ``[1, 1, S, S]`` booleans for a row of S tokens; flash-attention needs none.
+* Logits only where a response token is scored: ``logits_to_keep`` takes the row's positions as a tensor.
+* Whether a model keeps packed sequences apart is checked once, at start, by :func:`check_packing`: the name of
+  its attention implementation, then a probe (a sequence's log-probs must not depend on the tokens before it in
+  the row), which also catches what a name cannot (layers with recurrent state, custom attention code).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from evolrl.algorithms.logprobs import logprobs_and_entropy
+from evolrl.settings import require
+from evolrl.training.forward import takes_logits_to_keep
+from evolrl.training.sequences import Sequences
+
+PACKED_ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention")
+"""``config._attn_implementation`` values under which transformers separates packed sequences."""
+
+
+def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int) -> tuple[Tensor, Tensor]:
+    """``sequence_logprobs`` computed on one packed row: the same ``(log-prob, entropy)``, ``[N, T - 1]``.
+
+    Response positions get values, every other position 0 (without response tokens, ``Sequences.filler``, the
+    first sequence's last position is computed and returned as 0, so the LM head is part of the pass).
+    """
+    valid = seqs.attention_mask.bool()  # [N, T], right-padded
+    lengths = valid.sum(-1)  # [N]
+    starts = lengths.cumsum(0) - lengths  # [N] where each sequence begins in the row
+    ids = seqs.input_ids[valid][None]  # [1, S]: the sequences back to back, pads dropped
+    positions = torch.arange(ids.shape[1], device=ids.device) - starts.repeat_interleave(lengths)  # [S]
+    scored = seqs.response_mask
+    computed = scored if scored.any() else _last_target(seqs.response_mask, lengths)
+    rows, cols = computed.nonzero(as_tuple=True)  # [K]
+    at = starts[rows] + cols  # [K] positions in the row whose next token is scored
+    keep = {"logits_to_keep": at} if takes_logits_to_keep(model) else {}
+    logits = model(input_ids=ids, position_ids=positions[None], use_cache=False, **keep).logits  # [1, K or S, V]
+    logits = logits if keep else logits[:, at]
+    logp, entropy = logprobs_and_entropy(logits, ids[:, at + 1], temperature, chunk_size)  # [1, K]
+
+    def unpack(values: Tensor) -> Tensor:  # [1, K] -> [N, T - 1], zeros where nothing is scored
+        return values.new_zeros(scored.shape).index_put((rows, cols), values[0] * scored[rows, cols])
+
+    return unpack(logp), unpack(entropy)
+
+
+def _last_target(response_mask: Tensor, lengths: Tensor) -> Tensor:
+    """A mask like ``response_mask`` with only the first sequence's last position set."""
+    mask = torch.zeros_like(response_mask)
+    mask[0, int(lengths[0]) - 2] = True
+    return mask
+
+
+def check_packing(model, key: str = "EvolRLModule.packed") -> None:
+    """Raise :class:`~evolrl.settings.SettingError` unless ``model`` keeps packed sequences apart."""
+    attention = getattr(model.config, "_attn_implementation", None)
+    allowed = ("a model whose packed sequences cannot see each other: attention " + ", ".join(PACKED_ATTENTION)
+               + " and no layers with recurrent state; set it to false for this model")
+    require(attention in PACKED_ATTENTION, key, True, f"{allowed} (this model's attention is {attention!r})")
+    leak = packing_leak(model)
+    require(leak <= 1e-3, key, True, f"{allowed} (a probe: a sequence's log-probs moved by {leak:.2g} when the "
+            "sequence before it in the row changed)")
+
+
+@torch.no_grad()
+def packing_leak(model) -> float:
+    """The most a packed sequence's log-probs move when the tokens of the sequence before it change (0: apart)."""
+    vocab = min(int(model.config.vocab_size), 200)
+    device = next(model.parameters()).device
+    second = torch.arange(7, device=device) * 13 % vocab
+    response = torch.zeros(2, 9, dtype=torch.bool, device=device)
+    response[1, 2:6] = True  # the second sequence's last four tokens
+    training = model.training
+    model.eval()  # no dropout: the two passes must differ only by the first sequence
+    try:
+        logps = []
+        for first in (torch.arange(10, device=device) * 7 % vocab, (torch.arange(10, device=device) * 11 + 1) % vocab):
+            ids = torch.stack([first, torch.cat([second, second.new_zeros(3)])])
+            attention = torch.stack([torch.ones(10, dtype=torch.long), torch.arange(10) < 7]).long().to(device)
+            logps.append(packed_logprobs(model, Sequences(ids, attention, response, torch.zeros(2)), 1.0, 64)[0])
+    finally:
+        model.train(training)
+    return float((logps[0] - logps[1]).abs().max())

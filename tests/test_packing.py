@@ -1,0 +1,212 @@
+"""Padding-free packing and token-budget micro-batches: the same numbers as padded, fixed-count micro-batches."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import lightning as L
+import pytest
+import torch
+from torch import nn
+
+from evolrl.models import load_policy
+from evolrl.rollout import Sampling
+from evolrl.settings import SettingError
+from evolrl.training import EvolRLModule
+from evolrl.training.forward import sequence_logprobs
+from evolrl.training.packing import check_packing, packed_logprobs
+from evolrl.training.plan import lockstep, micro_batch_plan, pass_tokens, token_budget_plan
+from evolrl.training.sequences import Sequences
+from evolrl.training.update import GRPOLoss, GRPOUpdate
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_training import fit
+
+LENGTHS = [14, 6, 21, 9, 17, 7, 11, 25]  # prompt + response tokens per sequence
+PROMPTS = [4, 3, 6, 4, 5, 3, 4, 6]
+
+
+def sequences(vocab: int, lengths=LENGTHS, prompts=PROMPTS, seed: int = 0) -> Sequences:
+    """Right-padded sequences of different lengths, random advantages."""
+    generator = torch.Generator().manual_seed(seed)
+    n, width = len(lengths), max(lengths)
+    ids = torch.randint(3, vocab, (n, width), generator=generator)
+    attention = (torch.arange(width) < torch.tensor(lengths)[:, None]).long()
+    ids[attention == 0] = 0  # padding
+    response = torch.zeros(n, width - 1, dtype=torch.bool)
+    for i, (length, prompt) in enumerate(zip(lengths, prompts)):
+        response[i, prompt - 1 : length - 1] = True
+    return Sequences(ids, attention, response, torch.randn(n, generator=generator))
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model):
+    return load_policy(tiny_model)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_logprobs_entropy_and_gradients_equal_the_padded_path(tiny_model, attention):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation=attention)
+    seqs = sequences(model.config.vocab_size)
+    weights = torch.randn(seqs.response_mask.shape, generator=torch.Generator().manual_seed(1))
+    results = []
+    for logprobs in (sequence_logprobs, packed_logprobs):
+        model.zero_grad()
+        logp, entropy = logprobs(model, seqs, 0.7, 16)
+        ((logp * weights + entropy) * seqs.response_mask).sum().backward()
+        results.append((logp.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (logp, entropy, grads), (packed_logp, packed_entropy, packed_grads) = results
+    mask = seqs.response_mask
+    torch.testing.assert_close(packed_logp[mask], logp[mask], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(packed_entropy[mask], entropy[mask], rtol=1e-5, atol=1e-5)
+    assert (packed_logp[~mask] == 0).all() and (packed_entropy[~mask] == 0).all()  # only response positions
+    for name, grad in grads.items():  # float32 summation order differs: 1e-6 of each tensor's largest entry
+        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-5, atol=1e-6 * float(grad.abs().max()), msg=name)
+
+
+class FullCausalMask(nn.Module):
+    """The policy given an explicit all-ones attention mask: a plain causal mask over the whole packed row."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.config = model, model.config
+
+    def forward(self, input_ids, position_ids, use_cache, logits_to_keep):
+        return self.model(input_ids=input_ids, position_ids=position_ids, use_cache=use_cache,
+                          logits_to_keep=logits_to_keep, attention_mask=torch.ones_like(input_ids))
+
+
+def change_of_the_others(model, seqs: Sequences) -> float:
+    """How far every other sequence's packed log-probs move when the first sequence's tokens change."""
+    changed = seqs.input_ids.clone()
+    changed[0, : int(seqs.lengths[0])] = (changed[0, : int(seqs.lengths[0])] + 17) % model.config.vocab_size
+    with torch.no_grad():
+        before = packed_logprobs(model, seqs, 1.0, 64)[0][1:]
+        after = packed_logprobs(model, replace(seqs, input_ids=changed), 1.0, 64)[0][1:]
+    return float((before - after).abs().max())
+
+
+def test_packed_sequences_cannot_see_each_other(policy):
+    seqs = sequences(policy.config.vocab_size)
+    assert change_of_the_others(policy, seqs) < 1e-6  # block-diagonal: the others never saw the first sequence
+    assert change_of_the_others(FullCausalMask(policy), seqs) > 1e-2  # the check sees a leak where there is one
+    check_packing(policy)
+    with pytest.raises(SettingError, match=r"EvolRLModule.packed=True is not allowed: .*a probe"):
+        check_packing(FullCausalMask(policy))
+    odd = SimpleNamespace(config=SimpleNamespace(_attn_implementation="paged_attention"))
+    with pytest.raises(SettingError, match=r"EvolRLModule.packed=True .*attention is 'paged_attention'"):
+        check_packing(odd)
+
+
+def test_token_budget_plan_bins_each_mini_batch_under_the_budget():
+    assert micro_batch_plan(7, 5, 3) == [[[0, 1, 2], [3, 4]], [[5, 6]]]  # by count: consecutive rows
+    for packed in (False, True):
+        plan = token_budget_plan(LENGTHS + [40], 4, 30, packed)
+        assert [sorted(r for micro in mini for r in micro) for mini in plan] == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
+        for micro in (micro for mini in plan for micro in mini):
+            assert micro == sorted(micro)
+            assert pass_tokens([(LENGTHS + [40])[r] for r in micro], packed) <= 30 or len(micro) == 1
+        assert plan[-1] == [[8]]  # longer than the budget: alone
+    assert token_budget_plan([14, 6, 21, 9], 4, 30, packed=True) == [[[2, 3], [0, 1]]]  # 21 + 9, 14 + 6
+    assert token_budget_plan([14, 6, 21, 9], 4, 30, packed=False) == [[[2], [0, 3], [1]]]  # 2 x 14 fits, 3 x 14 not
+    assert lockstep([[[0], []]], torch.device("cpu")) == [[[0], []]]  # one process: unchanged
+
+
+def run_update(tiny_model, seqs, plan_wrapper=None, loss=None, **settings) -> tuple[list, dict, dict]:
+    """One training step on ``seqs`` (2 mini-batches, KL to the reference) with SGD, whose parameters are linear
+    in the gradients and so compare as tightly: ``(plan, stats, parameters)``."""
+    policy = load_policy(tiny_model)
+    reference = load_policy(tiny_model).eval().requires_grad_(False)
+    optimizer = torch.optim.SGD(policy.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    update = GRPOUpdate(GRPOLoss(kl_coef=0.05, **(loss or {})), mini_batch_size=4, chunk_size=16, max_grad_norm=1.0,
+                        **settings)
+    if plan_wrapper is not None:
+        update.plan = plan_wrapper(update.plan)
+    stats = update(policy, reference, seqs, 0.7, optimizer, scheduler)
+    return update.plan(seqs), stats, {n: p.detach().clone() for n, p in policy.named_parameters()}
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+def test_token_budget_and_packing_give_the_fixed_count_update(tiny_model, policy, aggregation):
+    seqs = sequences(policy.config.vocab_size)
+    runs = {name: run_update(tiny_model, seqs, loss={"aggregation": aggregation}, **settings) for name, settings in {
+        "count": {"micro_batch_size": 2}, "count packed": {"micro_batch_size": 2, "packed": True},
+        "budget": {"micro_batch_size": 1, "max_tokens_per_micro_batch": 45},
+        "budget packed": {"micro_batch_size": 1, "max_tokens_per_micro_batch": 45, "packed": True}}.items()}
+    plans = {name: plan for name, (plan, _, _) in runs.items()}
+    assert plans["count"] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    # 45 tokens, lengths 14 6 21 9 | 17 7 11 25. Padded (rows x longest): 21+14 is 2 x 21 = 42, a third row 63.
+    assert plans["budget"] == [[[0, 2], [1, 3]], [[7], [4, 6], [5]]]
+    assert plans["budget packed"] == [[[0, 2, 3], [1]], [[4, 7], [5, 6]]]  # 21 + 14 + 9 = 44; 25 + 17 = 42
+    _, expected_stats, expected = runs["count"]
+    for name, (_, stats, params) in runs.items():
+        assert stats.keys() == expected_stats.keys()
+        for key, value in expected_stats.items():
+            assert stats[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (name, key)
+        for param, value in expected.items():  # steps of 4e-6 to 1e-3; float32 rounding leaves ~4e-9
+            torch.testing.assert_close(params[param], value, rtol=1e-6, atol=1e-8, msg=f"{name}: {param}")
+    initial = load_policy(tiny_model).state_dict()
+    assert min(float((value - initial[param]).abs().max()) for param, value in expected.items()) > 1e-6
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_filler_pass_adds_exactly_nothing(tiny_model, policy, packed):
+    """What a rank with fewer micro-batches runs to stay in lockstep (plan.lockstep): loss and gradient exactly 0."""
+    def with_fillers(plan):
+        return lambda seqs: [[[], *mini, []] for mini in plan(seqs)]
+
+    seqs = sequences(policy.config.vocab_size)
+    settings = {"micro_batch_size": 1, "max_tokens_per_micro_batch": 45, "packed": packed}
+    plan, stats, params = run_update(tiny_model, seqs, **settings)
+    padded_plan, padded_stats, padded_params = run_update(tiny_model, seqs, with_fillers, **settings)
+    assert padded_plan == [[[], *mini, []] for mini in plan]
+    assert padded_stats == stats
+    assert all(torch.equal(padded_params[name], value) for name, value in params.items())
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"max_tokens_per_micro_batch": 0}, "EvolRLModule.max_tokens_per_micro_batch=0 is not allowed: an integer >= 1"),
+    ({"max_tokens_per_micro_batch": 2.5}, "EvolRLModule.max_tokens_per_micro_batch=2.5 is not allowed: an integer"),
+    ({"max_tokens_per_micro_batch": True}, "EvolRLModule.max_tokens_per_micro_batch=True is not allowed"),
+    ({"packed": "yes"}, "EvolRLModule.packed='yes' is not allowed: true or false"),
+])
+def test_bad_batching_settings_are_refused_with_their_name(tiny_model, settings, message):
+    with pytest.raises(SettingError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        EvolRLModule(tiny_model, **settings)
+
+
+def test_a_token_budget_replaces_the_micro_batch_count(tiny_model):
+    module = EvolRLModule(tiny_model, mini_batch_size=4, micro_batch_size=8, max_tokens_per_micro_batch=64)
+    assert module.update.max_tokens_per_micro_batch == 64  # micro_batch_size > mini_batch_size: unused, not refused
+    with pytest.raises(SettingError, match="EvolRLModule.micro_batch_size=8 is not allowed: at most"):
+        EvolRLModule(tiny_model, mini_batch_size=4, micro_batch_size=8)
+
+
+def test_a_packed_token_budget_run_gives_the_padded_gradient(tiny_model):
+    """Through Lightning: sampled responses of different lengths, one step, the accumulated gradients compared."""
+    class Capture(L.Callback):
+        def on_train_start(self, trainer, module):
+            plan = module.update.plan
+            module.update.plan = lambda seqs: self.__dict__.setdefault("plan", (plan(seqs), seqs.lengths.tolist()))[0]
+
+        def on_before_optimizer_step(self, trainer, module, optimizer):
+            self.grads = {n: p.grad.clone() for n, p in module.policy.named_parameters()}
+
+    runs = []
+    for settings in ({}, {"max_tokens_per_micro_batch": 250, "packed": True}):
+        capture = Capture()
+        _, _, recorder = fit(tiny_model, module_kwargs=settings, sampling=Sampling(temperature=1.5, max_new_tokens=12),
+                             callbacks=[capture])
+        runs.append((capture.grads, recorder.losses, capture.plan))
+    (grads, losses, (plan, lengths)), (packed_grads, packed_losses, (packed_plan, _)) = runs
+    assert plan == [[[0, 1], [2, 3], [4, 5]]]  # 6 sequences, 2 per pass
+    assert len(set(lengths)) > 1 and len(packed_plan[0]) == 2, (lengths, packed_plan)  # ~80 tokens each: 3 + 3 to a pass
+    assert packed_losses == pytest.approx(losses, rel=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-5, atol=1e-6 * float(grad.abs().max()), msg=name)
