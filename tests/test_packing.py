@@ -80,6 +80,9 @@ class FullCausalMask(nn.Module):
         return self.model(input_ids=input_ids, position_ids=position_ids, use_cache=use_cache,
                           logits_to_keep=logits_to_keep, attention_mask=torch.ones_like(input_ids))
 
+    def get_output_embeddings(self):
+        return self.model.get_output_embeddings()
+
 
 def change_of_the_others(model, seqs: Sequences) -> float:
     """How far every other sequence's packed log-probs move when the first sequence's tokens change."""
@@ -175,6 +178,7 @@ def test_a_filler_pass_adds_exactly_nothing(tiny_model, policy, packed):
     ({"max_tokens_per_micro_batch": 2.5}, "EvolRLModule.max_tokens_per_micro_batch=2.5 is not allowed: an integer"),
     ({"max_tokens_per_micro_batch": True}, "EvolRLModule.max_tokens_per_micro_batch=True is not allowed"),
     ({"packed": "yes"}, "EvolRLModule.packed='yes' is not allowed: true or false"),
+    ({"fused_head": 1}, "EvolRLModule.fused_head=1 is not allowed: true or false"),
 ])
 def test_bad_batching_settings_are_refused_with_their_name(tiny_model, settings, message):
     with pytest.raises(SettingError, match=message.replace(".", r"\.").replace("(", r"\(")):

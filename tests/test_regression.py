@@ -46,6 +46,7 @@ def config(tmp_path: Path, model: str) -> Path:
             "loss": {"clip_low": 0.2, "clip_high": 0.25, "kl_coef": 0.01, "entropy_coef": 0.002},
             "optim": {"lr": 1e-4, "warmup_ratio": 0.2},
             "mini_batch_size": 5, "micro_batch_size": 3,
+            "fused_head": False,  # the log-probs from the logits, as recorded; the fused head rounds differently
         },
         "data": {
             "train": {"class_path": "evolrl.data.AdditionPrompts", "init_args": {"count": 8}},

@@ -5,8 +5,10 @@
 
 Every figure is an *estimate* from the model's shape and the run's settings (formulas below, next to
 each line); none is measured on a GPU. docs/gpu.md prints this table. The defaults are the paper
-configs: P = 1 prompt per rank, V = 64 samples of up to 1,024 + 12,288 tokens, micro-batches of 2
-sequences, gradient checkpointing, bf16 compute with fp32 master weights sharded by FSDP2 (bf16
+configs: P = 1 prompt per rank, V = 64 samples of up to 1,024 + 12,288 tokens, packed micro-batches of at
+most 32,768 tokens (``max_tokens_per_micro_batch``), the LM head fused into the log-prob step (``--micro N``
+instead: the update before both, N right-padded sequences of full length per pass and the model's logits),
+gradient checkpointing, bf16 compute with fp32 master weights sharded by FSDP2 (bf16
 all-gathers), the frozen reference in bf16, Qwen3-Embedding-4B in bf16 embedding 8 texts at a time.
 """
 
@@ -52,14 +54,16 @@ def from_config(path: str) -> Shape:
 
 
 def budget(m: Shape, gpus: int, gpu_gib: float, vllm_fraction: float, samples: int, prompt: int, new: int,
-           micro: int, embed_batch: int) -> list[tuple[str, str, float, float]]:
+           micro: int | None, max_tokens: int, embed_batch: int,
+           chunk: int = 1024) -> list[tuple[str, str, float, float]]:
     """``(component, formula, GiB while sampling, GiB during the update)`` rows, without sleep mode."""
     tokens = prompt + new
     shard = m.params / gpus
     block = (m.params - m.vocab * m.hidden) / m.layers
     vllm = vllm_fraction * gpu_gib
     kv_per_token = 2 * m.layers * m.kv_heads * m.head_dim * 2
-    mb_tokens = micro * tokens
+    mb_tokens = micro * tokens if micro else max_tokens
+    pass_text = f"{micro} x {tokens}" if micro else f"{max_tokens}"
     rows = [
         ("vLLM (weights + KV cache + buffers)", f"gpu_memory_utilization {vllm_fraction} x {gpu_gib:g} GiB",
          vllm, vllm),
@@ -72,11 +76,18 @@ def budget(m: Shape, gpus: int, gpu_gib: float, vllm_fraction: float, samples: i
         ("reference shard (bf16)", f"params / {gpus} x 2 B", shard * 2 / GIB, shard * 2 / GIB),
         ("all-gathered bf16 params", "embeddings + 2 blocks in flight, x 2 B", 0.0,
          (m.vocab * m.hidden + 2 * block) * 2 / GIB),
-        ("activations (checkpointed)", f"{micro} x {tokens} tokens x hidden x layers x 2 B + one block recomputed",
+        ("activations (checkpointed)", f"{pass_text} tokens x hidden x layers x 2 B + one block recomputed",
          0.0, (mb_tokens * m.hidden * m.layers * 2 + mb_tokens * (3 * m.intermediate + 6 * m.hidden) * 2) / GIB),
-        ("logits + their gradient (bf16) + fp32 chunk", f"2 x {micro} x {new} x vocab x 2 B + 3 x 1024 x vocab x 4 B",
-         0.0, (2 * micro * new * m.vocab * 2 + 3 * 1024 * m.vocab * 4) / GIB),
     ]
+    if micro:  # the model's logits, [micro, new, vocab], and their gradient
+        rows.append(("logits + their gradient (bf16) + fp32 chunk",
+                     f"2 x {micro} x {new} x vocab x 2 B + 3 x {chunk} x vocab x 4 B",
+                     0.0, (2 * micro * new * m.vocab * 2 + 3 * chunk * m.vocab * 4) / GIB))
+    else:  # chunked_head.py: a chunk's fp32 buffers, the fp32 weight-gradient sum and one bf16 [V, H] product
+        formula = f"4 x {chunk} x vocab x 4 B + vocab x hidden x (4 + 2) B"
+        rows.append(("fused LM head: chunk + weight-gradient buffers", formula, 0.0, (4 * chunk * m.vocab * 4 + m.vocab * m.hidden * 6) / GIB))
+        rows.append(("packed row's attention mask (sdpa; none with flash-attention)", f"{max_tokens}^2 x 1 B", 0.0,
+                     max_tokens**2 / GIB))
     embed_act = embed_batch * tokens * (3 * m.intermediate + 2 * m.hidden) * 2 / GIB
     rows[2] = (rows[2][0], rows[2][1], embed_act, 0.0)
     kv_tokens = (vllm * GIB - m.params * 2) / kv_per_token
@@ -94,14 +105,15 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=64, help="vote samples per rank per step (P x V)")
     parser.add_argument("--prompt", type=int, default=1024)
     parser.add_argument("--new", type=int, default=12288)
-    parser.add_argument("--micro", type=int, default=2, help="micro_batch_size")
+    parser.add_argument("--max-tokens", type=int, default=32768, help="max_tokens_per_micro_batch (packed)")
+    parser.add_argument("--micro", type=int, help="instead: micro_batch_size, sequences padded to full length")
     parser.add_argument("--embed-batch", type=int, default=8)
     parser.add_argument("--sleep-residual-gib", type=float, default=1.0,
                         help="what a sleeping engine keeps on the GPU (CUDA context, buffers; an assumption)")
     args = parser.parse_args()
     shape = from_config(args.config) if args.config else QWEN3_4B
     rows = budget(shape, args.gpus, args.gpu_gib, args.vllm_fraction, args.samples, args.prompt, args.new,
-                  args.micro, args.embed_batch)
+                  args.micro, args.max_tokens, args.embed_batch)
     print("| component (estimated) | formula | sampling + reward, GiB | update, GiB |")
     print("|---|---|---|---|")
     for name, formula, sampling, update in rows[:-1]:

@@ -1,34 +1,118 @@
-"""The policy's forward pass over right-padded sequences: log-probs and entropy of every response token.
+"""The policy's forward pass: log-probs and entropy of the scored tokens, from the model's logits or its head fused in.
 
-The padding-free alternative (several sequences in one row) is ``packing.py``.
+:func:`model_logprobs` runs the model once and returns ``(log-prob, entropy)`` at the positions a ``select``
+function picks. Two ways, the same numbers (tested, values and gradients):
+
+* ``fused_head=True`` (default): while the model runs, its output layer's ``forward`` is swapped for one that hands
+  the final hidden states to ``head_logprobs_and_entropy`` (``algorithms/chunked_head.py``) and returns
+  ``[..., 2]`` (log-prob, entropy) in place of the logits, so the ``[rows, width, vocabulary]`` logits never exist,
+  not even one chunk beyond the log-prob step's own. A swap, not a call of the model's body and then its head:
+  under FSDP2 the head's weight is gathered only during the root module's forward, and the result has to leave
+  through the model's forward for FSDP's backward hooks to see it. Needs a plain ``nn.Linear`` head and a model
+  that returns the head's output as its logits unchanged; :func:`check_fused_head` checks both at start (Gemma 2's
+  logit soft-capping, for one, fails it).
+* ``fused_head=False``: the model's logits, then ``logprobs_and_entropy`` chunk by chunk.
+
+:func:`sequence_logprobs` is the right-padded micro-batch; the padding-free one is ``packing.py``.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
+import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
+from evolrl.algorithms.chunked_head import head_logprobs_and_entropy
 from evolrl.algorithms.logprobs import logprobs_and_entropy
+from evolrl.settings import require
 from evolrl.training.sequences import Sequences
 
 
-def sequence_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int) -> tuple[Tensor, Tensor]:
+def model_logprobs(model, inputs: dict, select: Callable[[Tensor], Tensor], targets: Tensor, temperature: float,
+                   chunk_size: int, fused_head: bool = True) -> tuple[Tensor, Tensor]:
+    """``(log p(target), entropy)``, each like ``targets``, of ``softmax(logits / temperature)``.
+
+    Args:
+        model: A Hugging Face causal LM (or one wrapped by FSDP2).
+        inputs: Keyword arguments of ``model(...)``.
+        select: From the model's last output (hidden states or logits) ``[rows, width, ...]``, the positions whose
+            next token is ``targets``, aligned with them.
+        targets: ``[rows, length]`` the scored tokens.
+    """
+    if not fused_head:
+        logits = model(**inputs).logits
+        return logprobs_and_entropy(select(logits), targets, temperature, chunk_size)
+    head = model.get_output_embeddings()
+
+    def fused(hidden: Tensor) -> Tensor:
+        logp, entropy = head_logprobs_and_entropy(select(hidden), head.weight, targets, temperature, chunk_size,
+                                                  head.bias)
+        return torch.stack((logp, entropy), -1)
+
+    with _forward_replaced(head, fused):
+        both = model(**inputs).logits
+    return both[..., 0], both[..., 1]
+
+
+@contextmanager
+def _forward_replaced(module: nn.Module, forward: Callable) -> Iterator[None]:
+    """``module(...)`` calls ``forward`` inside the block (hooks still run); the module's own forward after it."""
+    own = vars(module).get("forward")
+    module.forward = forward
+    try:
+        yield
+    finally:
+        if own is None:
+            del module.forward
+        else:
+            module.forward = own
+
+
+def sequence_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int,
+                      fused_head: bool = True) -> tuple[Tensor, Tensor]:
     """``(log-prob, entropy)`` of every next token, ``[N, T - 1]``, under ``softmax(logits / temperature)``.
 
-    Only positions from the first response token on get logits (the LM head and the log-softmax over the
+    Only positions from the first response token on go through the LM head (the head and the log-softmax over the
     vocabulary are the costly part of a small model's step); earlier positions are returned as 0. Without response
-    tokens (``Sequences.filler``) the last position still gets logits, so the LM head is part of the pass.
+    tokens (``Sequences.filler``) the last position still does, so the LM head is part of the pass.
     """
     width = seqs.input_ids.shape[1]
     first = int(seqs.response_mask.any(0).nonzero()[0]) if seqs.response_mask.any() else width - 2
     keep = {"logits_to_keep": width - first} if takes_logits_to_keep(model) else {}
-    logits = model(input_ids=seqs.input_ids, attention_mask=seqs.attention_mask, use_cache=False, **keep).logits
-    logits = logits[:, -(width - first) :] if not keep else logits  # models without logits_to_keep
-    logp, entropy = logprobs_and_entropy(logits[:, :-1], seqs.input_ids[:, first + 1 :], temperature, chunk_size)
+    inputs = {"input_ids": seqs.input_ids, "attention_mask": seqs.attention_mask, "use_cache": False, **keep}
+    logp, entropy = model_logprobs(model, inputs, lambda out: out[:, -(width - first) : -1],
+                                   seqs.input_ids[:, first + 1 :], temperature, chunk_size, fused_head)
     return F.pad(logp, (first, 0)), F.pad(entropy, (first, 0))
 
 
 def takes_logits_to_keep(model) -> bool:
     return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+@torch.no_grad()
+def check_fused_head(model, key: str = "EvolRLModule.fused_head") -> None:
+    """Raise :class:`~evolrl.settings.SettingError` unless the fused head computes what ``model``'s logits would give.
+
+    Two conditions, checked exactly: the output layer is a plain ``nn.Linear`` (the fused head applies its weight
+    and bias), and a forward pass returns that layer's output unchanged as the logits (no soft-capping, scaling or
+    upcast after the head).
+    """
+    head = model.get_output_embeddings()
+    advice = "set it to false for this model"
+    require(type(head) is nn.Linear, key, True,
+            f"a model whose output layer is a plain torch.nn.Linear (this one's: {type(head).__name__}); {advice}")
+    device = next(model.parameters()).device
+    ids = (torch.arange(8, device=device) * 7 % min(int(model.config.vocab_size), 200))[None]
+    seen = []
+    hook = head.register_forward_hook(lambda module, args, out: seen.append(out))
+    try:
+        logits = model(input_ids=ids, use_cache=False).logits
+    finally:
+        hook.remove()
+    require(len(seen) == 1 and torch.equal(seen[0], logits), key, True,
+            f"a model that returns its output layer's result as its logits unchanged (this one changes it after "
+            f"the layer, e.g. soft-capping); {advice}")

@@ -38,6 +38,7 @@ from evolrl.rollout import Rollouts
 from evolrl.settings import check_choice, require
 from evolrl.training.build import DTYPES, Dtypes, Frozen, build_models
 from evolrl.training.evaluation import grade_request
+from evolrl.training.forward import check_fused_head
 from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, total_training_steps
 from evolrl.training.packing import check_packing
 from evolrl.training.sequences import pack
@@ -59,6 +60,9 @@ class EvolRLModule(L.LightningModule):
         packed: Each pass's sequences back to back in one row, without padding; ``fit`` refuses it at start
             (SettingError) for a model whose packed sequences would see each other (attention not sdpa, eager,
             flash or flex, or a probe finds one sequence's log-probs depend on the previous one).
+        fused_head: The LM head applied chunk by chunk inside the log-prob step, so the logits of a pass never exist
+            whole; ``fit`` refuses it at start (SettingError) for a model whose output layer is not a plain Linear
+            or whose logits are not that layer's output unchanged (e.g. soft-capped): set it to false there.
         dtype: Policy weights dtype when loaded: the optimizer's master weights (use ``trainer.precision`` for bf16).
         reference_dtype: The frozen reference's dtype; ``auto``: bfloat16 under bf16 precision, else ``dtype``.
         fsdp_param_dtype: Under FSDP, the dtype of the all-gathered copies of the weights that forward and backward
@@ -81,6 +85,7 @@ class EvolRLModule(L.LightningModule):
         micro_batch_size: int = 2,
         max_tokens_per_micro_batch: int | None = None,
         packed: bool = False,
+        fused_head: bool = True,
         dtype: str = "float32",
         reference_dtype: str = "auto",
         fsdp_param_dtype: str = "auto",
@@ -97,7 +102,7 @@ class EvolRLModule(L.LightningModule):
         self.save_hyperparameters({
             "model": model, "loss": asdict(loss), "optim": asdict(optim), "mini_batch_size": mini_batch_size,
             "micro_batch_size": micro_batch_size, "max_tokens_per_micro_batch": max_tokens_per_micro_batch,
-            "packed": packed, "dtype": dtype, "reference_dtype": reference_dtype,
+            "packed": packed, "fused_head": fused_head, "dtype": dtype, "reference_dtype": reference_dtype,
             "fsdp_param_dtype": fsdp_param_dtype,
             "gradient_checkpointing": gradient_checkpointing, "logprob_chunk_size": logprob_chunk_size,
         })
@@ -105,7 +110,7 @@ class EvolRLModule(L.LightningModule):
         self.model_name = model
         self.reward = reward if reward is not None else EvolReward()
         self.update = GRPOUpdate(loss, mini_batch_size, micro_batch_size, logprob_chunk_size, optim.max_grad_norm,
-                                 max_tokens_per_micro_batch, packed)
+                                 max_tokens_per_micro_batch, packed, fused_head)
         self.optim_cfg = optim
         self.dtype_name, self.reference_dtype, self.fsdp_param_dtype = dtype, reference_dtype, fsdp_param_dtype
         self.gradient_checkpointing = gradient_checkpointing
@@ -171,6 +176,8 @@ class EvolRLModule(L.LightningModule):
             self.reference.model.to(self.device)
         if self.update.packed:  # here: on its device, with the attention kernels it trains with
             check_packing(self.policy)
+        if self.update.fused_head:
+            check_fused_head(self.policy)
 
     def on_train_start(self) -> None:
         # Not in on_fit_start: with a sharded checkpoint Lightning restores it only after on_fit_start.

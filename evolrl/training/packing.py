@@ -8,7 +8,8 @@ Non-obvious decisions:
   (``use_cache=False``), and only for the attention implementations that go through its mask functions (sdpa,
   eager, flex); flash-attention's varlen kernels read the same ``position_ids`` (one row: batch size 1). sdpa and
   eager materialize that mask, ``[1, 1, S, S]`` booleans for a row of S tokens; flash-attention needs none.
-* Logits only where a response token is scored: ``logits_to_keep`` takes the row's positions as a tensor.
+* The LM head only where a response token is scored: ``logits_to_keep`` takes the row's positions as a tensor
+  (fused into the log-prob step or through the logits: ``forward.model_logprobs``).
 * Whether a model keeps packed sequences apart is checked once, at start, by :func:`check_packing`: the name of
   its attention implementation, then a probe (a sequence's log-probs must not depend on the tokens before it in
   the row), which also catches what a name cannot (layers with recurrent state, custom attention code).
@@ -19,16 +20,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from evolrl.algorithms.logprobs import logprobs_and_entropy
 from evolrl.settings import require
-from evolrl.training.forward import takes_logits_to_keep
+from evolrl.training.forward import model_logprobs, takes_logits_to_keep
 from evolrl.training.sequences import Sequences
 
 PACKED_ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention")
 """``config._attn_implementation`` values under which transformers separates packed sequences."""
 
 
-def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int) -> tuple[Tensor, Tensor]:
+def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int,
+                    fused_head: bool = True) -> tuple[Tensor, Tensor]:
     """``sequence_logprobs`` computed on one packed row: the same ``(log-prob, entropy)``, ``[N, T - 1]``.
 
     Response positions get values, every other position 0 (without response tokens, ``Sequences.filler``, the
@@ -44,9 +45,9 @@ def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int)
     rows, cols = computed.nonzero(as_tuple=True)  # [K]
     at = starts[rows] + cols  # [K] positions in the row whose next token is scored
     keep = {"logits_to_keep": at} if takes_logits_to_keep(model) else {}
-    logits = model(input_ids=ids, position_ids=positions[None], use_cache=False, **keep).logits  # [1, K or S, V]
-    logits = logits if keep else logits[:, at]
-    logp, entropy = logprobs_and_entropy(logits, ids[:, at + 1], temperature, chunk_size)  # [1, K]
+    inputs = {"input_ids": ids, "position_ids": positions[None], "use_cache": False, **keep}
+    logp, entropy = model_logprobs(model, inputs, (lambda out: out) if keep else (lambda out: out[:, at]),
+                                   ids[:, at + 1], temperature, chunk_size, fused_head)  # [1, K]
 
     def unpack(values: Tensor) -> Tensor:  # [1, K] -> [N, T - 1], zeros where nothing is scored
         return values.new_zeros(scored.shape).index_put((rows, cols), values[0] * scored[rows, cols])

@@ -73,10 +73,13 @@ class GRPOUpdate:
         max_tokens_per_micro_batch: Instead of ``micro_batch_size``, at most this many tokens per pass
             (``plan.token_budget_plan``; a longer sequence goes alone); ``None``: by count.
         packed: Each pass's sequences back to back in one row, without padding (``packing.py``).
+        fused_head: The LM head applied chunk by chunk inside the log-prob step, never the whole logits
+            (``forward.model_logprobs``); ``False``: the model's logits.
     """
 
     def __init__(self, loss: GRPOLoss, mini_batch_size: int, micro_batch_size: int, chunk_size: int,
-                 max_grad_norm: float, max_tokens_per_micro_batch: int | None = None, packed: bool = False) -> None:
+                 max_grad_norm: float, max_tokens_per_micro_batch: int | None = None, packed: bool = False,
+                 fused_head: bool = True) -> None:
         check_int("EvolRLModule.mini_batch_size", mini_batch_size, 1)
         check_int("EvolRLModule.micro_batch_size", micro_batch_size, 1)
         if max_tokens_per_micro_batch is None:
@@ -85,12 +88,14 @@ class GRPOUpdate:
         else:
             check_int("EvolRLModule.max_tokens_per_micro_batch", max_tokens_per_micro_batch, 1)
         require(isinstance(packed, bool), "EvolRLModule.packed", packed, "true or false")
+        require(isinstance(fused_head, bool), "EvolRLModule.fused_head", fused_head, "true or false")
         check_int("EvolRLModule.logprob_chunk_size", chunk_size, 1)
         self.loss = loss
         self.mini_batch_size = mini_batch_size
         self.micro_batch_size = micro_batch_size
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.packed = packed
+        self.fused_head = fused_head
         self.chunk_size = chunk_size
         self.max_grad_norm = max_grad_norm
         self.skipped_steps = 0
@@ -110,7 +115,7 @@ class GRPOUpdate:
 
     def forward(self, model: nn.Module, seqs: Sequences, temperature: float) -> tuple[Tensor, Tensor]:
         logprobs = packed_logprobs if self.packed else sequence_logprobs
-        return logprobs(model, seqs, temperature, self.chunk_size)
+        return logprobs(model, seqs, temperature, self.chunk_size, self.fused_head)
 
     @staticmethod
     def micro_batch(seqs: Sequences, rows: list[int]) -> Sequences:
