@@ -28,6 +28,8 @@ class EvolRLCLI(LightningCLI):
         # evaluation set, a grader) in its own ValueError: the SettingError is then in the cause chain.
         try:
             super().instantiate_classes()
+            if self.subcommand == "fit":  # what the module needs of the data module's engine, checked before loading
+                self.model.check_rollouts(self.datamodule.rollouts)
         except (SettingError, ValueError) as err:
             setting = _setting_error(err)
             if setting is None:

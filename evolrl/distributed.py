@@ -69,6 +69,15 @@ def global_sum(value: torch.Tensor) -> float:
     return float(value)
 
 
+def all_reduce(value: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """``value`` summed (``op="sum"``) or its elementwise largest taken (``"max"``) over all ranks; itself when not
+    distributed."""
+    if world_size() > 1:
+        value = value.detach().clone()
+        dist.all_reduce(value, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+    return value
+
+
 class ModelParallelStrategy(_LightningModelParallelStrategy):
     """Lightning's ``ModelParallelStrategy`` (FSDP2), with sharded checkpoints written atomically.
 

@@ -42,8 +42,8 @@ class ResponseGroup:
     response_ids: tuple[tuple[int, ...], ...] = ()
     """Sampled token ids per response, ``[V][len]``, ending with the stop token unless truncated."""
     sampler_logprobs: tuple[tuple[float, ...], ...] = ()
-    """The sampler's log-prob of each sampled token, ``[V][len]``, when the engine reports it (diagnostics
-    only: the update recomputes log-probs with the policy)."""
+    """The sampler's log-prob of each sampled token, ``[V][len]``, when the engine reports it: the update's
+    mismatch diagnostics and correction (``evolrl/algorithms/mismatch.py``); its old log-probs are the policy's own."""
 
     def __post_init__(self) -> None:
         if not self.texts:

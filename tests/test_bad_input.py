@@ -239,6 +239,13 @@ TRAINING_SETTINGS = [
     (lambda: _loss(kl_coef=-1.0), "GRPOLoss.kl_coef", "-1.0", ">= 0.0"),
     (lambda: _loss(entropy_coef=float("nan")), "GRPOLoss.entropy_coef", "nan", "finite"),
     (lambda: _loss(aggregation="sum"), "GRPOLoss.aggregation", "'sum'", "one of 'token_mean'"),
+    (lambda: _loss(mismatch_correction="token"), "GRPOLoss.mismatch_correction", "'token'",
+     "one of None, 'token_truncate', 'sequence_mask'"),
+    (lambda: _loss(mismatch_token_cap=0.5), "GRPOLoss.mismatch_token_cap", "0.5", ">= 1.0"),
+    (lambda: _loss(mismatch_sequence_min=1.0), "GRPOLoss.mismatch_sequence_min", "1.0", "in [0.0, 1.0)"),
+    (lambda: _loss(mismatch_sequence_min=-0.1), "GRPOLoss.mismatch_sequence_min", "-0.1", "in [0.0, 1.0)"),
+    (lambda: _loss(mismatch_sequence_max=1.0), "GRPOLoss.mismatch_sequence_max", "1.0", "> 1.0"),
+    (lambda: _loss(mismatch_sequence_max=float("inf")), "GRPOLoss.mismatch_sequence_max", "inf", "finite"),
     (lambda: _optim(lr=-1e-5), "Optimization.lr", "-1e-05", ">= 0.0"),
     (lambda: _optim(betas=(0.9, 1.0)), "Optimization.betas", "1.0", "in [0.0, 1.0)"),
     (lambda: _optim(warmup_ratio=1.5), "Optimization.warmup_ratio", "1.5", "in [0.0, 1.0]"),
@@ -292,6 +299,37 @@ def test_an_out_of_range_setting_stops_the_cli_before_any_model_loads(tmp_path, 
         main(["fit", "--config", str(CONFIGS / "demo.yaml"), "--config", str(path)])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_mismatch_correction_with_an_engine_without_log_probs_stops_the_cli(tmp_path, monkeypatch, capsys):
+    """The Hugging Face engine reports no sampler log-probs: a correction switched on would do nothing, so `fit` stops
+    as a usage error before any model loads."""
+    monkeypatch.setattr("sys.argv", ["evolrl"])
+    path = tmp_path / "override.yaml"
+    path.write_text(yaml.safe_dump({"model": {"loss": {"mismatch_correction": "sequence_mask"}},
+                                    "data": {"engine": {"class_path": "evolrl.rollout.HFEngine"}}}))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(CONFIGS / "demo.yaml"), "--config", str(path)])
+    assert exit_info.value.code == 2
+    assert ("GRPOLoss.mismatch_correction='sequence_mask' is not allowed: null (no correction) with HFEngine, which "
+            "does not report the log-probs of the tokens it samples") in capsys.readouterr().err
+
+
+def test_a_mismatch_correction_with_an_engine_without_log_probs_is_refused_at_start(tiny_model):
+    from evolrl.data import AdditionPrompts
+    from evolrl.settings import SettingError
+    from evolrl.training import EvolRLModule, GRPOLoss
+
+    module = EvolRLModule(tiny_model, reward=EvolReward(), mini_batch_size=2, micro_batch_size=2,
+                          loss=GRPOLoss(mismatch_correction="token_truncate"))
+    data = RolloutDataModule(AdditionPrompts(count=4), model=tiny_model, engine=HFEngine(), prompts_per_step=2,
+                             vote_samples=2, trained_samples=2)
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(SettingError, match=r"GRPOLoss.mismatch_correction='token_truncate' is not allowed: null "
+                                           r"\(no correction\) with HFEngine"):
+        trainer.fit(module, data)
+    assert module.policy is None  # refused in setup, before the model loaded
 
 
 def test_float16_precision_is_refused_at_start(tiny_model):

@@ -195,3 +195,23 @@ def test_token_budget_ranks_run_in_lockstep_and_give_the_single_process_weights(
     assert final.keys() == expected.keys()
     for name, weights in expected.items():
         torch.testing.assert_close(final[name], weights, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_a_sequence_mask_on_two_ranks_gives_the_single_process_weights_and_counts(tmp_path, tiny_model):
+    """The mismatch correction under FSDP, with packed token-budget micro-batches of uneven lengths: sequences are
+    masked on one rank and not the other (the scripted engine reports log-probs that make long third responses
+    unlikely), the masked tokens stay in the global normalizer, and both ranks end with the weights of one process
+    with both prompts. The mismatch numbers are summed over the ranks: every rank reports the one-process values."""
+    args = ("--scripted", "--uneven", "--sgd", "--packed", "--max-tokens", "200", "--mismatch", "sequence_mask")
+    ranks = fsdp_check(tmp_path / "two", tiny_model, *args)
+    single = fsdp_check(tmp_path / "one", tiny_model, *args, "--devices", "1", "--prompts-per-step", "2")
+    assert ranks[0]["final"] == ranks[1]["final"]
+    masked = [step["mismatch/masked_seq_frac"] for step in single[0]["mismatch"]]
+    assert any(0 < m < 1 for m in masked), masked  # some steps mask some sequences, not all
+    for step, (one, r0, r1) in enumerate(zip(single[0]["mismatch"], ranks[0]["mismatch"], ranks[1]["mismatch"])):
+        assert r0 == r1, step  # the same global numbers on every rank...
+        assert r0.keys() == one.keys() and all(r0[k] == pytest.approx(v, rel=1e-5, abs=1e-9) for k, v in one.items())
+    expected = torch.load(tmp_path / "one" / "final.pt")
+    final = torch.load(tmp_path / "two" / "final.pt")
+    for name, weights in expected.items():
+        torch.testing.assert_close(final[name], weights, rtol=1e-4, atol=1e-7, msg=name)

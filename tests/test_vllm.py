@@ -6,7 +6,9 @@ these with `pytest -m vllm`.
 
 from __future__ import annotations
 
+import copy
 import gc
+import math
 import random
 
 import numpy as np
@@ -19,7 +21,9 @@ from evolrl.data.chat import render_prompt
 from evolrl.models import load_policy, load_tokenizer
 from evolrl.rollout import Sampling, VLLMEngine
 from evolrl.rollout.check import sampler_logprob_gap
-from evolrl.types import Prompt
+from evolrl.training import GRPOLoss, GRPOUpdate
+from evolrl.training.sequences import pack
+from evolrl.types import Prompt, RolloutBatch
 
 pytestmark = pytest.mark.vllm
 
@@ -94,6 +98,76 @@ def test_a_real_vllm_error_reaches_the_user(setup):
         engine.generate(prompts[:1], too_long, Sampling(max_new_tokens=4), 1, 0)
 
 
+def sampled(engine, prompts, ids, n: int = 6, max_new_tokens: int = 8):
+    """``n`` responses per prompt that ``engine`` samples at temperature 1, packed for the update."""
+    groups = engine.generate(prompts, ids, Sampling(max_new_tokens=max_new_tokens), n, seed=3)
+    batch = RolloutBatch(tuple(groups), trained=torch.arange(n).repeat(len(groups), 1))
+    advantages = torch.randn(len(groups), n, generator=torch.Generator().manual_seed(0))
+    return pack(batch, advantages, engine.tokenizer.pad_token_id).to(DEVICE)
+
+
+def mismatch_update(seqs, trainer_policy, correction: str | None, **loss):
+    """One GRPO update (one mini-batch, plain SGD at lr 1) of a copy of ``trainer_policy``: ``(stats, its step)``."""
+    policy = copy.deepcopy(trainer_policy)
+    before = [p.detach().clone() for p in policy.parameters()]
+    optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    update = GRPOUpdate(GRPOLoss(kl_coef=0.0, mismatch_correction=correction, **loss), mini_batch_size=len(seqs),
+                        micro_batch_size=4, chunk_size=64, max_grad_norm=1e6)
+    stats = update(policy, None, seqs, 1.0, optimizer, scheduler)
+    return stats, torch.cat([(p.detach() - b).flatten() for p, b in zip(policy.parameters(), before)])
+
+
+def test_after_a_push_the_gap_is_tiny_and_the_corrected_update_is_the_uncorrected_one(setup):
+    """Float32 engine and policy at temperature 1, the engine holding the policy's weights. The weights are then
+    exp(delta) per token (token_truncate) or exp(sum of delta) per sequence (sequence_mask), so |w - 1| <=
+    exp(8 x gap_max) - 1 for responses of at most 8 tokens: about 1e-5 at the measured gaps (~1e-6), and the
+    corrected step is the uncorrected one's per-token terms reweighted by that little. 1e-4 of the step's norm leaves
+    room for cancellation between tokens of opposite advantage and still fails any weight off by 1e-3 (a correction
+    applied to the wrong tokens moves the step by far more: see the stale-engine test)."""
+    engine, policy, prompts, ids = setup
+    engine.load_weights(policy)
+    seqs = sampled(engine, prompts, ids)
+    off, step = mismatch_update(seqs, policy, None)
+    assert off["mismatch/gap_max"] < TOLERANCE and off["mismatch/kl"] < TOLERANCE ** 2
+    assert step.norm() > 0
+    for correction in ("token_truncate", "sequence_mask"):
+        stats, corrected = mismatch_update(seqs, policy, correction)
+        assert abs(stats["mismatch/weight_mean"] - 1) < math.exp(8 * stats["mismatch/gap_max"]) - 1 < 1e-3
+        assert stats.get("mismatch/truncated_token_frac", 0.0) == stats.get("mismatch/masked_seq_frac", 0.0) == 0.0
+        assert (corrected - step).norm() < 1e-4 * step.norm(), correction
+        assert stats["pg_loss"] == pytest.approx(off["pg_loss"], rel=1e-4, abs=1e-7)
+    print(f"fresh engine: gap mean {off['mismatch/gap_mean']:.3g}, max {off['mismatch/gap_max']:.3g}; corrected "
+          f"step off by {float((corrected - step).norm() / step.norm()):.3g} of its norm (sequence_mask)")
+
+
+def test_a_stale_engine_shows_a_large_gap_and_the_correction_masks(setup):
+    """The weight push skipped: the trainer's policy moved (as in the weight-sync test above) but the engine still
+    samples from the weights before. Most of what a stale sampler draws is less likely under the trainer (the mean
+    delta is -KL), so the sequence ratios fall below 1: TRL's default bounds (no lower one) weigh those sequences down,
+    a lower bound masks them (1/3 here, verl's default for rejection: the reciprocal of the upper bound 3)."""
+    engine, policy, prompts, ids = setup
+    engine.load_weights(policy)
+    stale = copy.deepcopy(policy)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in stale.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=generator).to(p.device))
+    seqs = sampled(engine, prompts, ids, n=8, max_new_tokens=16)
+    off, _ = mismatch_update(seqs, stale, None)
+    assert off["mismatch/gap_mean"] > 1000 * TOLERANCE and off["mismatch/kl"] > 1e-3
+    token, _ = mismatch_update(seqs, stale, "token_truncate")
+    sequence, _ = mismatch_update(seqs, stale, "sequence_mask")
+    bounded, _ = mismatch_update(seqs, stale, "sequence_mask", mismatch_sequence_min=1 / 3)
+    assert token["mismatch/truncated_token_frac"] > 0 and bounded["mismatch/masked_seq_frac"] > 0
+    assert sequence["mismatch/weight_mean"] < 0.95
+    for corrected in (token, sequence, bounded):
+        assert abs(corrected["pg_loss"] - off["pg_loss"]) > 1e-3
+    print(f"stale engine: gap mean {off['mismatch/gap_mean']:.3g}, max {off['mismatch/gap_max']:.3g}, KL "
+          f"{off['mismatch/kl']:.3g}; truncated tokens {token['mismatch/truncated_token_frac']:.3g}; sequence weight "
+          f"mean {sequence['mismatch/weight_mean']:.3g}, masked below 1/3 {bounded['mismatch/masked_seq_frac']:.3g}")
+
+
 def test_sampler_logprobs_are_those_the_trainer_scores_at_the_sampling_temperature(setup, tiny_model):
     """The loss scores tokens under softmax(logits / T); the engine reports vLLM's processed_logprobs, of the same
     distribution. vLLM's default, raw_logprobs (of softmax(logits)), is far off at the demo's temperature 0.7."""
@@ -110,6 +184,59 @@ def test_sampler_logprobs_are_those_the_trainer_scores_at_the_sampling_temperatu
 
 
 # Tests with engines of their own, after every test of the shared engine (see drop_engines_at_once).
+
+
+MISMATCH_TAGS = {
+    None: ["gap_mean", "gap_max", "kl", "ratio_max"],
+    "token_truncate": ["gap_mean", "gap_max", "kl", "ratio_max", "weight_mean", "truncated_token_frac"],
+    "sequence_mask": ["gap_mean", "gap_max", "kl", "ratio_max", "weight_mean", "masked_seq_frac", "masked_token_frac"],
+}
+
+
+@pytest.mark.parametrize("correction", list(MISMATCH_TAGS))
+def test_a_two_step_cli_run_writes_the_mismatch_tags(tmp_path, tiny_model, monkeypatch, correction):
+    """`python -m evolrl fit` with the vLLM engine (float32, as the tests above) and each correction: the mismatch
+    curves are in the event file, one point per training step, and only the chosen correction's."""
+    import yaml
+    from test_training import scalars, tiny_config
+
+    from evolrl.cli import main
+
+    path = tiny_config(tmp_path, tiny_model, steps=2, reward="MajorityVoteReward")
+    config = yaml.safe_load(path.read_text())
+    config["model"]["loss"] = {"mismatch_correction": correction}
+    config["data"]["engine"] = {"class_path": "evolrl.rollout.VLLMEngine", "init_args": {
+        "dtype": "float32", "enforce_eager": True, "kv_cache_gib": 0.1, "max_model_len": 128,
+        "cpu_threads": None if DEVICE == "cuda" else "0-1"}}
+    del config["data"]["eval_sets"], config["trainer"]["callbacks"]  # training only
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.setattr("sys.argv", ["evolrl"])
+    main(["fit", "--config", str(path)])
+    logged = scalars(tmp_path)
+    tags = {tag for tag in logged if tag.startswith("mismatch/")}
+    assert tags == {f"mismatch/{name}" for name in MISMATCH_TAGS[correction]}
+    for tag in tags:
+        assert len(logged[tag]) == 2 and all(math.isfinite(v) for v in logged[tag]), tag
+    assert max(logged["mismatch/gap_max"]) < TOLERANCE  # the engine got every step's weights
+    assert len(logged["train/loss"]) == 2
+
+
+def test_the_gap_tool_measures_the_floor_at_the_demo_settings(tiny_model):
+    """tools/mismatch_gap.py (the README's demo figure) with the tiny model, both sides float32: the floor."""
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "tools"))
+    from mismatch_gap import DEMO, measure
+
+    result = measure(yaml.safe_load(DEMO.read_text()), 1, "float32", "32-true", tiny_model)
+    assert result["responses"] == 64 and result["temperature"] == 0.7 and result["tokens"] > 64
+    summaries = result["summaries"]
+    assert list(summaries) == [None, "token_truncate", "sequence_mask"]
+    assert all(s["gap_max"] < TOLERANCE for s in summaries.values())
+    assert summaries["sequence_mask"]["masked_seq_frac"] == 0.0
 
 
 def test_exported_checkpoint_loads_in_vllm(tmp_path, tiny_model):

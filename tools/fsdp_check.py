@@ -25,6 +25,12 @@ rank reports its passes and filler passes per mini-batch; rank 0 also saves the 
 ``--sgd`` trains with plain SGD instead of AdamW, so that two runs' final weights compare as tightly as their
 gradients.
 
+``--mismatch MODE`` (with ``--scripted``) turns on ``GRPOLoss.mismatch_correction``; the scripted engine then reports
+sampler log-probs: those of an unsharded copy of the weights it was handed, with each group's third response made
+0.05 per token less likely than the trainer finds it, so that its sequence ratio is ``exp(0.05 L)``: masked by
+``sequence_mask`` (above 3) when the response is longer than 22 tokens, which depends on the prompt (``--uneven``).
+Every rank reports the ``mismatch/*`` numbers of each step.
+
 ``--precision bf16-mixed`` trains as the paper configs do (FSDP all-gathers bf16 copies, the reference is
 bf16); every rank also reports the dtypes of the policy's shards and gradients, of the copies its first
 block computed with, and of the reference, and digests of the weights at the start (policy, reference).
@@ -52,8 +58,10 @@ from evolrl.rollout import HFEngine, Sampling, VLLMEngine
 from evolrl.rollout.check import sampler_logprob_gap
 from evolrl.rollout.engine import build_group
 from evolrl.rollout.vllm_engine import full_state_dict
-from evolrl.training import EvolRLModule, Optimization
+from evolrl.training import EvolRLModule, GRPOLoss, Optimization
+from evolrl.training.forward import sequence_logprobs
 from evolrl.training.module import Frozen
+from evolrl.training.sequences import Sequences
 
 
 def digest(state: dict[str, torch.Tensor]) -> str:
@@ -69,7 +77,8 @@ class Recording:
 
     def _load(self, policy):
         super()._load(policy)
-        self.received = digest(full_state_dict(policy, torch.float32))
+        self.weights = full_state_dict(policy, torch.float32)
+        self.received = digest(self.weights)
 
 
 class RecordingEngine(Recording, HFEngine):
@@ -86,9 +95,25 @@ class ScriptedEngine(RecordingEngine):
     ``uneven``: the responses start with 0 to 9 repeats of a phrase without numbers, by the answer, so their
     lengths differ from prompt to prompt (and so from rank to rank)."""
 
-    def __init__(self, uneven: bool = False, **kwargs):
+    def __init__(self, uneven: bool = False, logprobs_of: str | None = None, **kwargs):
         super().__init__(**kwargs)
         self.uneven = uneven
+        self.reports_logprobs = logprobs_of is not None
+        self.copy = load_policy(logprobs_of) if logprobs_of else None  # unsharded: no collective in generate
+
+    @torch.no_grad()
+    def sampler_logprobs(self, prompt_ids, responses, temperature):
+        """The copy's log-probs of each response (the weights last handed over), the third one's lowered by 0.05."""
+        self.copy.load_state_dict(self.weights)
+        out = []
+        for v, response in enumerate(responses):
+            ids = torch.tensor([list(prompt_ids) + response])
+            mask = torch.zeros(1, ids.shape[1] - 1, dtype=torch.bool)
+            mask[0, len(prompt_ids) - 1 :] = True
+            logp = sequence_logprobs(self.copy, Sequences(ids, torch.ones_like(ids), mask, torch.zeros(1)),
+                                     temperature, 64)[0][mask]
+            out.append((logp - (0.05 if v == 2 else 0.0)).tolist())
+        return out
 
     def generate(self, prompts, prompt_ids, sampling, n, seed):
         stops = self.stops()
@@ -98,7 +123,9 @@ class ScriptedEngine(RecordingEngine):
             lead = "We add the numbers. " * (answer % 4 * 3) if self.uneven else ""
             texts = [lead + t for t in (f"The answer is {answer}.", f"{answer}", f"{answer + 1}", "no")][:n]
             responses = [self.tokenizer(t, add_special_tokens=False)["input_ids"] + stops[:1] for t in texts]
-            groups.append(build_group(prompt, ids, responses, stops, sampling.max_new_tokens, self.tokenizer))
+            logprobs = self.sampler_logprobs(ids, responses, sampling.temperature) if self.copy else None
+            groups.append(build_group(prompt, ids, responses, stops, sampling.max_new_tokens, self.tokenizer,
+                                      logprobs))
         return groups
 
 
@@ -187,14 +214,17 @@ class EveryRankLoading(EvolRLModule):
 
 
 class Prompts(L.Callback):
-    """The prompt ids this rank trained on, and the evaluation problems it sampled itself."""
+    """The prompt ids this rank trained on, the evaluation problems it sampled itself, and each step's mismatch
+    numbers (``mismatch/*``)."""
 
     def __init__(self):
         self.ids = []
         self.evaluated = []
+        self.mismatch = []
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self.ids += [p.id for p in outputs["rollouts"].prompts]
+        self.mismatch.append({k: v for k, v in outputs["stats"].items() if k.startswith("mismatch/")})
 
     def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0):
         if not trainer.sanity_checking:
@@ -204,16 +234,17 @@ class Prompts(L.Callback):
 def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int = 1, scripted: bool = False,
          engine_kind: str = "hf", checkpoints: bool = False, resume: str | None = None, precision: str = "32-true",
          loading: str = "rank0", max_tokens: int | None = None, packed: bool = False, uneven: bool = False,
-         sgd: bool = False) -> None:
+         sgd: bool = False, mismatch: str | None = None) -> None:
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     group = 3
     module_class = EveryRankLoading if loading == "every-rank" else PlainSGD if sgd else EvolRLModule
     module = module_class(model_dir, reward=MajorityVoteReward(), mini_batch_size=group * prompts_per_step,
                           micro_batch_size=2, max_tokens_per_micro_batch=max_tokens, packed=packed,
+                          loss=GRPOLoss(mismatch_correction=mismatch),
                           # scripted: no clipping, which would hide a wrong gradient scale
                           optim=Optimization(lr=1e-2, max_grad_norm=1e6 if scripted else 1.0))
     if scripted:
-        engine = ScriptedEngine(uneven=uneven)
+        engine = ScriptedEngine(uneven=uneven, logprobs_of=model_dir if mismatch else None)
     elif engine_kind == "vllm":
         engine = RecordingVLLMEngine(dtype="float32", enforce_eager=True, kv_cache_gib=0.05, max_model_len=256)
     else:
@@ -250,6 +281,7 @@ def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int =
         "engine_received": engine.received,
         "engine_version": engine.version,
         "prompts": prompts.ids,
+        "mismatch": prompts.mismatch,  # [step] {tag: value}
         "evaluated": prompts.evaluated,  # the evaluation problems this rank sampled
         "eval_table": pass_at_k.table,  # pass@k / maj@k over all ranks' problems
         **dtypes.report,
@@ -280,6 +312,8 @@ if __name__ == "__main__":
     parser.add_argument("--packed", action="store_true", help="each micro-batch packed into one row")
     parser.add_argument("--uneven", action="store_true", help="scripted responses whose lengths vary by prompt")
     parser.add_argument("--sgd", action="store_true", help="plain SGD instead of AdamW (final weights comparable)")
+    parser.add_argument("--mismatch", choices=["token_truncate", "sequence_mask"],
+                        help="GRPOLoss.mismatch_correction; the scripted engine then reports sampler log-probs")
     a = parser.parse_args()
     main(a.model_dir, a.out_dir, a.devices, a.prompts_per_step, a.scripted, a.engine, a.checkpoints, a.resume,
-         a.precision, a.loading, a.max_tokens, a.packed, a.uneven, a.sgd)
+         a.precision, a.loading, a.max_tokens, a.packed, a.uneven, a.sgd, a.mismatch)

@@ -88,6 +88,10 @@ class RolloutEngine(ABC):
     takes weights with :meth:`load_weights` and samples with :meth:`generate`; it derives no seeds itself.
     """
 
+    reports_logprobs = False
+    """Whether ``generate`` fills ``ResponseGroup.sampler_logprobs`` (the log-prob of each sampled token under
+    ``softmax(logits / temperature)``): the update's mismatch diagnostics and correction need them."""
+
     def __init__(self) -> None:
         self.version = -1
         """Version of the weights the engine samples with (set by ``load_weights``); -1 before the first."""

@@ -14,7 +14,8 @@ from evolrl.types import Prompt, ResponseGroup
 
 
 class HFEngine(RolloutEngine):
-    """Samples with ``model.generate`` on the training policy (so weight sync is free).
+    """Samples with ``model.generate`` on the training policy (so weight sync is free). Reports no sampler log-probs:
+    the sampler is the policy itself, so there is no mismatch to correct.
 
     Args:
         prompts_per_call: Prompts per ``generate`` call (each expands to ``n`` sequences).

@@ -94,6 +94,7 @@ class VLLMEngine(RolloutEngine):
     of its own, seeded at start.
     """
 
+    reports_logprobs = True
     logprobs_mode = "processed_logprobs"
     """What vLLM reports as a token's log-prob: after temperature (and top-p/top-k), as the trainer scores it. On a
     GPU it keeps vLLM's top-p/top-k off FlashInfer (which reports no processed log-probs), on PyTorch's sort."""

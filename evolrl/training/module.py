@@ -131,6 +131,12 @@ class EvolRLModule(L.LightningModule):
         precision = str(self.trainer.precision)
         require(not precision.startswith("16"), "trainer.precision", precision,
                 "bf16-mixed, bf16-true or 32 (float16 would need loss scaling, which the manual update does not do)")
+        if stage == "fit":
+            self.check_rollouts(rollouts)
+
+    def check_rollouts(self, rollouts: Rollouts) -> None:
+        """SettingError for an engine the loss cannot use (at ``fit``'s start; the CLI's before any model loads)."""
+        self.update.loss.check_engine(rollouts.engine)
 
     def configure_model(self) -> None:
         if self.policy is not None:
@@ -216,8 +222,8 @@ class EvolRLModule(L.LightningModule):
         timing = {"step": t4 - t0, "sample": t1 - t0, "reward": t2 - t1, "update": t3 - t2, "sync": t4 - t3}
         # Entropy, lengths and the label-free diagnostics are logged by the callbacks (evolrl.callbacks),
         # which read this step's output.
-        logged = {k: v for k, v in stats.items() if k != "entropy"}
-        self.log_dict({f"train/{k}": v for k, v in logged.items()}, on_step=True, batch_size=len(seqs))
+        logged = {k if "/" in k else f"train/{k}": v for k, v in stats.items() if k != "entropy"}  # mismatch/* as is
+        self.log_dict(logged, on_step=True, batch_size=len(seqs))
         self.log_dict({f"time/{k}": v for k, v in timing.items()}, on_step=True, batch_size=len(seqs))
         bar = {"reward": scored.rewards.mean().item(), "entropy": stats["entropy"],
                "len": seqs.response_mask.sum(-1).float().mean().item(), "step_s": timing["step"]}

@@ -15,13 +15,16 @@ class Sequences:
     """``N = P * G`` prompt+response sequences, right-padded, group-major.
 
     ``response_mask`` is aligned with the *targets* ``input_ids[:, 1:]``: it marks the
-    positions whose next-token prediction is a response token.
+    positions whose next-token prediction is a response token; ``sampler_logprobs`` is aligned with it.
     """
 
     input_ids: Tensor  # [N, T]
     attention_mask: Tensor  # [N, T]
     response_mask: Tensor  # [N, T - 1]
     advantages: Tensor  # [N]
+    sampler_logprobs: Tensor | None = None
+    """``[N, T - 1]`` float32: the engine's log-prob of each response token when it sampled it (0 elsewhere);
+    ``None`` when the engine reports none."""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -35,42 +38,60 @@ class Sequences:
         """The sequences ``rows`` (in that order), trimmed to their own longest."""
         index = torch.tensor(rows, device=self.input_ids.device)
         width = int(self.attention_mask[index].sum(-1).max().item())
+        sampler = self.sampler_logprobs[index, : width - 1] if self.sampler_logprobs is not None else None
         return Sequences(
             self.input_ids[index, :width],
             self.attention_mask[index, :width],
             self.response_mask[index, : width - 1],
             self.advantages[index],
+            sampler,
         )
 
     @staticmethod
-    def filler(device: torch.device) -> Sequences:
+    def filler(device: torch.device, sampler_logprobs: bool = False) -> Sequences:
         """A two-token sequence without response tokens: a forward/backward pass whose loss and gradient are
-        exactly zero, run where another rank has one more micro-batch (``evolrl.training.plan.lockstep``)."""
+        exactly zero, run where another rank has one more micro-batch (``evolrl.training.plan.lockstep``); with
+        (zero) sampler log-probs when the sequences it stands in for have them."""
         ones = torch.ones(1, 2, dtype=torch.long, device=device)
-        return Sequences(ones * 0, ones, torch.zeros(1, 1, dtype=torch.bool, device=device), torch.zeros(1, device=device))
+        nothing = torch.zeros(1, 1, dtype=torch.bool, device=device)
+        return Sequences(ones * 0, ones, nothing, torch.zeros(1, device=device),
+                         torch.zeros(1, 1, device=device) if sampler_logprobs else None)
 
     def to(self, device: torch.device) -> Sequences:
-        return Sequences(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.response_mask,
-                                                   self.advantages)))
+        tensors = (self.input_ids, self.attention_mask, self.response_mask, self.advantages, self.sampler_logprobs)
+        return Sequences(*(t.to(device) if t is not None else None for t in tensors))
 
 
 def pack(rollouts: RolloutBatch, advantages: Tensor, pad_id: int) -> Sequences:
-    """Sequences for the trained subset ``rollouts.trained`` ``[P, G]`` with per-response ``advantages [P, G]``."""
+    """Sequences for the trained subset ``rollouts.trained`` ``[P, G]`` with per-response ``advantages [P, G]``, and
+    the sampler's log-probs when every group has them."""
     if rollouts.trained is None:
         raise ValueError("the rollout batch has no trained subset")
-    rows, prompt_lengths = [], []
+    reported = [bool(group.sampler_logprobs) for group in rollouts.groups]
+    if any(reported) and not all(reported):
+        missing = next(g.prompt.id for g, r in zip(rollouts.groups, reported) if not r)
+        raise ValueError(f"prompt {missing!r}: the rollout engine reported sampler log-probs for some groups only")
+    rows, prompt_lengths, logprobs = [], [], []
     for group, picks in zip(rollouts.groups, rollouts.trained.tolist()):
         if not group.prompt_ids or not group.response_ids:
             raise ValueError(f"prompt {group.prompt.id!r}: the rollout engine returned no token ids")
         for v in picks:
             rows.append(list(group.prompt_ids) + list(group.response_ids[v]))
             prompt_lengths.append(len(group.prompt_ids))
+            if group.sampler_logprobs:
+                if len(group.sampler_logprobs[v]) != len(group.response_ids[v]):
+                    raise ValueError(f"prompt {group.prompt.id!r}, response {v}: {len(group.sampler_logprobs[v])} "
+                                     f"sampler log-probs for {len(group.response_ids[v])} tokens")
+                logprobs.append(group.sampler_logprobs[v])
     width = max(len(r) for r in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attention = torch.zeros(len(rows), width, dtype=torch.long)
     response = torch.zeros(len(rows), width - 1, dtype=torch.bool)
+    sampler = torch.zeros(len(rows), width - 1) if all(reported) else None
     for i, (row, start) in enumerate(zip(rows, prompt_lengths)):
         input_ids[i, : len(row)] = torch.tensor(row)
         attention[i, : len(row)] = 1
         response[i, start - 1 : len(row) - 1] = True  # logits at t predict token t + 1
-    return Sequences(input_ids, attention, response, advantages.reshape(-1).float())
+        if sampler is not None:
+            sampler[i, start - 1 : len(row) - 1] = torch.tensor(logprobs[i], dtype=torch.float32)
+    return Sequences(input_ids, attention, response, advantages.reshape(-1).float(), sampler)

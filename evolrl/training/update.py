@@ -7,6 +7,12 @@ token budget: ``plan.py``) does not change the math; across ranks it is the glob
 on the device and read once. A micro-batch is right-padded rows (``forward.py``) or one packed row
 (``packing.py``); the old-log-prob and reference passes use the same plan.
 
+When the engine reports its log-probs, every step also measures how far they are from the old log-probs
+(``mismatch/*``, summed over micro-batches and ranks) and, with ``GRPOLoss.mismatch_correction``, weighs each
+token's policy-gradient loss by an importance weight (``evolrl/algorithms/mismatch.py``). The weights never change
+the normalizer: a masked token counts in it with weight 0 (as in TRL), so the normalizer stays the global token
+count fixed before the micro-batch loop, whatever is masked on which rank.
+
 :class:`GRPOUpdate` holds the settings and owns the micro-batch plan and the forward pass; the
 policy, the reference, the sequences, the optimizer and the schedule are arguments, so it runs
 without a Trainer (``tests/test_update.py``).
@@ -22,8 +28,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from evolrl.algorithms import AGGREGATIONS, aggregate, clipped_surrogate, low_var_kl, normalizer_count
-from evolrl.distributed import global_sum
+from evolrl.algorithms import AGGREGATIONS, CORRECTIONS, aggregate, clipped_surrogate, low_var_kl, normalizer_count
+from evolrl.algorithms.mismatch import correction_weights, mismatch_summary, mismatch_sums
+from evolrl.distributed import all_reduce, global_sum
+from evolrl.rollout.engine import RolloutEngine
 from evolrl.settings import check_choice, check_float, check_int, require
 from evolrl.training.forward import sequence_logprobs
 from evolrl.training.packing import packed_logprobs
@@ -49,6 +57,17 @@ class GRPOLoss:
     """``token_mean`` over the mini-batch's response tokens, or the paper's per-sequence mean."""
     scale_by_std: bool = True
     """Divide advantages by the group's std (GRPO); ``false`` is Dr. GRPO."""
+    mismatch_correction: Literal["token_truncate", "sequence_mask"] | None = None
+    """Weigh each token's policy-gradient loss for the sampler/trainer gap (needs an engine that reports log-probs,
+    e.g. vLLM; ``fit`` refuses others at start). ``null``: none (the paper's code); ``token_truncate``: by
+    ``min(exp(old - sampler), mismatch_token_cap)`` (verl, Yao et al. 2025); ``sequence_mask``: by the sequence's
+    ``exp(sum of old - sampler)``, or 0 outside [mismatch_sequence_min, mismatch_sequence_max] (TRL 1.16's default)."""
+    mismatch_token_cap: float = 2.0
+    """``token_truncate``: the largest token weight (verl's default threshold, 2.0)."""
+    mismatch_sequence_min: float = 0.0
+    """``sequence_mask``: a sequence whose ratio is below this is masked (0: no lower bound, TRL's default)."""
+    mismatch_sequence_max: float = 3.0
+    """``sequence_mask``: a sequence whose ratio is above this is masked (TRL's default, 3.0)."""
 
     def __post_init__(self) -> None:
         check_float("GRPOLoss.clip_low", self.clip_low, 0.0, 1.0, high_open=True)
@@ -58,6 +77,25 @@ class GRPOLoss:
         check_float("GRPOLoss.kl_coef", self.kl_coef, 0.0)
         check_float("GRPOLoss.entropy_coef", self.entropy_coef, 0.0)
         check_choice("GRPOLoss.aggregation", self.aggregation, AGGREGATIONS)
+        check_choice("GRPOLoss.mismatch_correction", self.mismatch_correction, (None, *CORRECTIONS))
+        check_float("GRPOLoss.mismatch_token_cap", self.mismatch_token_cap, 1.0)
+        check_float("GRPOLoss.mismatch_sequence_min", self.mismatch_sequence_min, 0.0, 1.0, high_open=True)
+        check_float("GRPOLoss.mismatch_sequence_max", self.mismatch_sequence_max, 1.0, low_open=True)
+
+    def check_engine(self, engine: RolloutEngine) -> None:
+        """Refuse a mismatch correction with an engine that reports no log-probs (:class:`SettingError`)."""
+        require(self.mismatch_correction is None or engine.reports_logprobs, "GRPOLoss.mismatch_correction",
+                self.mismatch_correction, f"null (no correction) with {type(engine).__name__}, which does not report "
+                "the log-probs of the tokens it samples (the correction weighs tokens by them); use "
+                "evolrl.rollout.VLLMEngine")
+
+    def correct(self, old: Tensor, seqs: Sequences) -> tuple[Tensor | None, tuple[Tensor, Tensor]]:
+        """The weights of ``seqs``'s per-token loss (``None``: unweighted) and their :func:`mismatch_sums`."""
+        delta = old.detach().float() - seqs.sampler_logprobs  # [n, L]
+        weights, hit = correction_weights(self.mismatch_correction, delta, seqs.response_mask,
+                                          self.mismatch_token_cap, self.mismatch_sequence_min,
+                                          self.mismatch_sequence_max)
+        return weights, mismatch_sums(delta, seqs.response_mask, weights, hit)
 
 
 class GRPOUpdate:
@@ -120,7 +158,7 @@ class GRPOUpdate:
     @staticmethod
     def micro_batch(seqs: Sequences, rows: list[int]) -> Sequences:
         """The rows of one micro-batch; none: a filler pass (another rank has one more micro-batch)."""
-        return seqs.select(rows) if rows else Sequences.filler(seqs.input_ids.device)
+        return seqs.select(rows) if rows else Sequences.filler(seqs.input_ids.device, seqs.sampler_logprobs is not None)
 
     @torch.no_grad()
     def old_and_reference_logprobs(self, policy: nn.Module, reference: nn.Module | None, seqs: Sequences,
@@ -150,9 +188,13 @@ class GRPOUpdate:
         data-parallel gradients are averaged.
         """
         cfg = self.loss
+        if cfg.mismatch_correction is not None and seqs.sampler_logprobs is None:
+            raise ValueError(f"mismatch_correction={cfg.mismatch_correction!r} needs the sampler's log-probs, and the "
+                             "rollout engine reported none")
         plan = self.plan(seqs)
         old_logp, ref_logp = self.old_and_reference_logprobs(policy, reference, seqs, temperature, plan)
         sums: dict[str, Tensor] = {}  # summed on the device, read once at the end (no per-term sync)
+        mismatch = [] if seqs.sampler_logprobs is not None else None  # per micro-batch (sums, maxima)
         index = -1  # position in the flattened plan, matching old_logp / ref_logp
         for minibatch, rows in zip(plan, mini_batch_ranges(len(seqs), self.mini_batch_size)):
             # Fixed before the micro-batch loop: accumulation does not change the loss.
@@ -165,6 +207,11 @@ class GRPOUpdate:
                 old = old_logp[index] if old_logp[index] is not None else logp.detach()
                 pg, clips = clipped_surrogate(logp, old, part.advantages[:, None],
                                               cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+                if mismatch is not None:
+                    weights, measured = cfg.correct(old, part)
+                    mismatch.append(measured)
+                    if weights is not None:
+                        pg = pg * weights
                 agg = partial(aggregate, mask=part.response_mask, mode=cfg.aggregation, normalizer=normalizer)
                 terms = {"pg_loss": agg(pg), "entropy": agg(entropy)}
                 loss = terms["pg_loss"] - cfg.entropy_coef * terms["entropy"]
@@ -188,4 +235,9 @@ class GRPOUpdate:
             optimizer.zero_grad()
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm.detach().float()
         values = torch.stack(list(sums.values())).div(len(plan)).tolist()
-        return dict(zip(sums, values))
+        stats = dict(zip(sums, values))
+        if mismatch:  # over this step's micro-batches, then over the ranks: two all-reduces per step
+            totals, maxima = zip(*mismatch)
+            total, top = all_reduce(torch.stack(totals).sum(0), "sum"), all_reduce(torch.stack(maxima).amax(0), "max")
+            stats |= {f"mismatch/{k}": v for k, v in mismatch_summary(total, top, cfg.mismatch_correction).items()}
+        return stats
