@@ -47,3 +47,40 @@ def test_a_non_finite_mini_batch_is_skipped_and_moves_nothing(tiny_model):
     assert update.skipped_steps == 2 and scheduler.last_epoch == 0
     after = policy.state_dict()
     assert all(torch.equal(after[k], before[k]) for k in before)
+
+
+def test_under_bf16_autocast_a_later_mini_batch_trains_on_the_weights_the_earlier_one_moved(tiny_model):
+    """Lightning runs the whole training step, optimizer steps included, inside one ``torch.autocast``, whose cache
+    keeps the bf16 copy of every weight it cast until the outermost autocast exits, even after the weight changed in
+    place. The second mini-batch must see the weights the first optimizer step wrote: its log-probs are those of a
+    fresh bf16 forward pass of those weights, not of the weights the step started from."""
+    policy = load_policy(tiny_model)
+    seqs = sequences(policy.config.vocab_size, [1.0, -1.0, 0.5, -0.5])
+    moved = {}
+
+    class Snapshot(torch.optim.SGD):
+        def step(self, closure=None):
+            super().step(closure)
+            moved.setdefault("weights", {k: v.detach().clone() for k, v in policy.state_dict().items()})
+
+    optimizer = Snapshot(policy.parameters(), lr=0.5)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    update = GRPOUpdate(GRPOLoss(), mini_batch_size=2, micro_batch_size=2, chunk_size=7, max_grad_norm=1e6)
+    trained, forward = [], update.forward
+
+    def spy(model, part, temperature):
+        out = forward(model, part, temperature)
+        if torch.is_grad_enabled():
+            trained.append(out[0].detach())
+        return out
+
+    update.forward = spy
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # as Lightning's bf16-mixed wraps training_step
+        update(policy, None, seqs, 1.0, optimizer, scheduler)
+
+    fresh = load_policy(tiny_model)
+    fresh.load_state_dict(moved["weights"])
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = forward(fresh, seqs.select([2, 3]), 1.0)[0]
+    mask = seqs.select([2, 3]).response_mask
+    torch.testing.assert_close(trained[1][mask], expected[mask], rtol=0, atol=1e-6)

@@ -230,6 +230,10 @@ class GRPOUpdate:
                 optimizer.zero_grad(set_to_none=True)  # the step below then moves nothing
                 self.skipped_steps += 1
             optimizer.step()
+            # Lightning's bf16-mixed runs the whole step inside one autocast, whose cache keeps each weight's bf16
+            # copy until that autocast exits, however the weight changed: the next mini-batch would train on the
+            # weights this step started from.
+            torch.clear_autocast_cache()
             if applied:
                 scheduler.step()
             optimizer.zero_grad()
