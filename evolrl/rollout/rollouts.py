@@ -101,6 +101,14 @@ class Rollouts:
         )  # [P, G]
         return RolloutBatch(tuple(groups), weights_version=version, trained=trained)
 
+    def check_fresh(self, batch: RolloutBatch) -> RolloutBatch:
+        """``batch``, if it was sampled with the weights of ``version``; else a RuntimeError (it would train
+        off-policy)."""
+        if batch.weights_version != self.version:
+            raise RuntimeError(f"stale rollouts: sampled with weights version {batch.weights_version}, "
+                               f"but the policy is at version {self.version}")
+        return batch
+
     def sample_eval(self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]]) -> RolloutBatch:
         """``eval_samples`` responses per evaluation problem with the current weights."""
         version = self.engine.version
