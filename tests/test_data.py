@@ -66,6 +66,15 @@ def test_addition_prompts_are_deterministic():
         assert p.answer == str(x + y)
 
 
+def test_addition_prompts_with_more_terms_sum_them_and_keep_the_two_term_stream():
+    three = AdditionPrompts(count=20, max_operand=19, seed=2, terms=3).load()
+    for p in three:
+        numbers = [int(t) for t in p.question.removeprefix("What is ").removesuffix("?").split(" + ")]
+        assert len(numbers) == 3 and all(0 <= n <= 19 for n in numbers) and p.answer == str(sum(numbers))
+    # The default (two terms) draws as before: the demo's and the regression test's prompts are unchanged.
+    assert AdditionPrompts(count=2, seed=0).load()[0].question.startswith("What is 6 + 6?")
+
+
 def test_too_few_prompts_for_a_step_is_a_clear_error(tiny_model):
     data = RolloutDataModule(AdditionPrompts(count=3), model=tiny_model, engine=HFEngine(), prompts_per_step=4,
                              vote_samples=2, trained_samples=2)
