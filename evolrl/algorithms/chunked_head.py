@@ -63,48 +63,59 @@ def _grad_scaled_logits(logq: Tensor, tokens: Tensor, entropy: Tensor, grad_logp
     return grad
 
 
+def _head_scores(hidden: Tensor, weight: Tensor, bias: Tensor | None, tokens: Tensor, temperature: float,
+                 chunk_size: int, vocab_mean: bool = False) -> dict[str, Tensor | torch.dtype | None]:
+    """The chunk loop of the forward: per row ``logp``, ``entropy``, ``lse`` (and ``mean_logp``, the mean of ``log p``
+    over the vocabulary, with ``vocab_mean``), plus the compute-dtype copies ``w``, ``b`` and ``dtype``."""
+    dtype = _compute_dtype(hidden, weight)
+    softmax_dtype = torch.promote_types(dtype, torch.float32)
+    rows = hidden.shape[0]
+    out = {"logp": hidden.new_empty(rows, dtype=softmax_dtype)}
+    out["entropy"], out["lse"] = torch.empty_like(out["logp"]), torch.empty_like(out["logp"])
+    out["mean_logp"] = torch.empty_like(out["logp"]) if vocab_mean else None
+    with torch.autocast(hidden.device.type, enabled=False):  # dtypes are explicit below
+        w = weight.to(dtype)
+        b = None if bias is None else bias.to(dtype)
+        for start in range(0, rows, chunk_size):
+            rows_ = slice(start, start + chunk_size)
+            logq = _scaled_logits(hidden[rows_], w, b, temperature, softmax_dtype)
+            out["lse"][rows_] = torch.logsumexp(logq, dim=-1)
+            logq.sub_(out["lse"][rows_, None])  # log p, in place
+            out["logp"][rows_] = logq.gather(-1, tokens[rows_, None]).squeeze(-1)
+            if vocab_mean:
+                out["mean_logp"][rows_] = logq.mean(-1)
+            out["entropy"][rows_] = -logq.exp().mul_(logq).sum(-1)
+            del logq  # else it lives on while the next chunk's logits are allocated: two chunks at the peak
+    return out | {"w": w, "b": b, "dtype": dtype}
+
+
 class _HeadLogprobEntropy(torch.autograd.Function):
     """``(log p(token), H)`` for rows ``hidden [R, H]`` under ``softmax((hidden @ weight.T + bias) / T)``."""
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, tokens: Tensor, temperature: float,
                 chunk_size: int) -> tuple[Tensor, Tensor]:
-        dtype = _compute_dtype(hidden, weight)
-        softmax_dtype = torch.promote_types(dtype, torch.float32)
-        rows = hidden.shape[0]
-        logp = hidden.new_empty(rows, dtype=softmax_dtype)
-        entropy, lse = torch.empty_like(logp), torch.empty_like(logp)
-        with torch.autocast(hidden.device.type, enabled=False):  # dtypes are explicit below
-            w = weight.to(dtype)
-            b = None if bias is None else bias.to(dtype)
-            for start in range(0, rows, chunk_size):
-                rows_ = slice(start, start + chunk_size)
-                logq = _scaled_logits(hidden[rows_], w, b, temperature, softmax_dtype)
-                lse[rows_] = torch.logsumexp(logq, dim=-1)
-                logq.sub_(lse[rows_, None])  # log p, in place
-                logp[rows_] = logq.gather(-1, tokens[rows_, None]).squeeze(-1)
-                entropy[rows_] = -logq.exp().mul_(logq).sum(-1)
-                del logq  # else it lives on while the next chunk's logits are allocated: two chunks at the peak
-        ctx.save_for_backward(hidden, weight, bias, tokens, lse, entropy)
+        out = _head_scores(hidden, weight, bias, tokens, temperature, chunk_size)
+        # The compute-dtype copies, not the weights: the backward then casts nothing (a [V, H] copy per pass saved).
+        ctx.save_for_backward(hidden, out["w"], out["b"], tokens, out["lse"], out["entropy"])
+        ctx.weight_dtype, ctx.bias_dtype = weight.dtype, None if bias is None else bias.dtype
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None: its term is skipped
-        ctx.temperature, ctx.chunk_size, ctx.dtype = temperature, chunk_size, dtype
-        return logp, entropy
+        ctx.temperature, ctx.chunk_size, ctx.dtype = temperature, chunk_size, out["dtype"]
+        return out["logp"], out["entropy"]
 
     @staticmethod
     def backward(ctx, grad_logp: Tensor | None, grad_entropy: Tensor | None):
-        hidden, weight, bias, tokens, lse, entropy = ctx.saved_tensors
+        hidden, w, b, tokens, lse, entropy = ctx.saved_tensors
         if grad_logp is None and grad_entropy is None:  # neither output reached the loss: no gradient (zeros)
             return None, None, None, None, None, None
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         dtype, softmax_dtype = ctx.dtype, lse.dtype
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        grad_weight = torch.zeros(weight.shape, dtype=softmax_dtype, device=weight.device) if need_weight else None
-        grad_bias = torch.zeros(bias.shape, dtype=softmax_dtype, device=bias.device) if need_bias else None
+        grad_weight = torch.zeros(w.shape, dtype=softmax_dtype, device=w.device) if need_weight else None
+        grad_bias = torch.zeros(b.shape, dtype=softmax_dtype, device=b.device) if need_bias else None
         grad_logp = None if grad_logp is None else grad_logp.to(softmax_dtype)
         grad_entropy = None if grad_entropy is None else grad_entropy.to(softmax_dtype)
         with torch.autocast(hidden.device.type, enabled=False):
-            w = weight.to(dtype)
-            b = None if bias is None else bias.to(dtype)
             for start in range(0, hidden.shape[0], ctx.chunk_size):
                 rows_ = slice(start, start + ctx.chunk_size)
                 h = hidden[rows_].to(dtype)
@@ -123,8 +134,8 @@ class _HeadLogprobEntropy(torch.autograd.Function):
                 elif grad_weight is not None:
                     grad_weight += grad.T @ h  # one D matmul per chunk (a [V, H] D temporary), summed in float32
                 del logq, grad  # one chunk's buffers at a time, as in the forward
-        return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
-                None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None)
+        return (grad_hidden, None if grad_weight is None else grad_weight.to(ctx.weight_dtype),
+                None if grad_bias is None else grad_bias.to(ctx.bias_dtype), None, None, None)
 
 
 def head_logprobs_and_entropy(
@@ -153,3 +164,19 @@ def head_logprobs_and_entropy(
     logp, entropy = _HeadLogprobEntropy.apply(hidden.reshape(n * length, width), weight, bias,
                                               tokens.reshape(n * length), temperature, chunk_size)
     return logp.view(n, length), entropy.view(n, length)
+
+
+@torch.no_grad()
+def head_token_scores(
+    hidden: Tensor, weight: Tensor, tokens: Tensor, temperature: float = 1.0, chunk_size: int = 1024,
+    bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(log p(token), entropy, mean log p over the vocabulary)``, each ``[N, L]``, without gradients: what a reward
+    that reads the policy needs (``evolrl.rewards.policy_signal``), from the same chunk loop as
+    :func:`head_logprobs_and_entropy` (whose log-probs and entropy these equal) plus one mean per row."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    n, length, width = hidden.shape
+    out = _head_scores(hidden.reshape(n * length, width), weight, bias, tokens.reshape(n * length), temperature,
+                       chunk_size, vocab_mean=True)
+    return tuple(out[k].view(n, length) for k in ("logp", "entropy", "mean_logp"))

@@ -66,3 +66,18 @@ def logprobs_and_entropy(
         logps.append(logp)
         entropies.append(entropy)
     return torch.cat(logps).view(n, length), torch.cat(entropies).view(n, length)
+
+
+@torch.no_grad()
+def token_scores(logits: Tensor, tokens: Tensor, temperature: float = 1.0,
+                 chunk_size: int = 1024) -> tuple[Tensor, Tensor, Tensor]:
+    """``(log p(token), entropy, mean log p over the vocabulary)``, each ``[N, L]`` float32, without gradients: the
+    logits path's twin of ``chunked_head.head_token_scores``."""
+    n, length, vocab = logits.shape
+    flat_logits, flat_tokens = logits.reshape(n * length, vocab), tokens.reshape(n * length)
+    parts = []
+    for start in range(0, n * length, chunk_size):
+        logq = torch.log_softmax(flat_logits[start : start + chunk_size].float() / temperature, dim=-1)
+        logp = logq.gather(-1, flat_tokens[start : start + chunk_size, None]).squeeze(-1)
+        parts.append(torch.stack((logp, -(logq.exp() * logq).sum(-1), logq.mean(-1))))
+    return tuple(torch.cat(parts, dim=-1).view(3, n, length))

@@ -26,15 +26,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from evolrl.algorithms.chunked_head import head_logprobs_and_entropy
-from evolrl.algorithms.logprobs import logprobs_and_entropy
+from evolrl.algorithms.chunked_head import head_logprobs_and_entropy, head_token_scores
+from evolrl.algorithms.logprobs import logprobs_and_entropy, token_scores
 from evolrl.settings import require
 from evolrl.training.sequences import Sequences
 
 
 def model_logprobs(model, inputs: dict, select: Callable[[Tensor], Tensor], targets: Tensor, temperature: float,
-                   chunk_size: int, fused_head: bool = True) -> tuple[Tensor, Tensor]:
-    """``(log p(target), entropy)``, each like ``targets``, of ``softmax(logits / temperature)``.
+                   chunk_size: int, fused_head: bool = True, vocab_mean: bool = False) -> tuple[Tensor, ...]:
+    """``(log p(target), entropy)``, each like ``targets``, of ``softmax(logits / temperature)``; with ``vocab_mean``
+    (no gradients, for a reward that reads the policy) also the mean of ``log p`` over the vocabulary.
 
     Args:
         model: A Hugging Face causal LM (or one wrapped by FSDP2).
@@ -45,17 +46,17 @@ def model_logprobs(model, inputs: dict, select: Callable[[Tensor], Tensor], targ
     """
     if not fused_head:
         logits = model(**inputs).logits
-        return logprobs_and_entropy(select(logits), targets, temperature, chunk_size)
+        scores = token_scores if vocab_mean else logprobs_and_entropy
+        return scores(select(logits), targets, temperature, chunk_size)
     head = model.get_output_embeddings()
+    scores = head_token_scores if vocab_mean else head_logprobs_and_entropy
 
     def fused(hidden: Tensor) -> Tensor:
-        logp, entropy = head_logprobs_and_entropy(select(hidden), head.weight, targets, temperature, chunk_size,
-                                                  head.bias)
-        return torch.stack((logp, entropy), -1)
+        return torch.stack(scores(select(hidden), head.weight, targets, temperature, chunk_size, head.bias), -1)
 
     with _forward_replaced(head, fused):
-        both = model(**inputs).logits
-    return both[..., 0], both[..., 1]
+        stacked = model(**inputs).logits
+    return stacked.unbind(-1)
 
 
 @contextmanager
@@ -72,9 +73,10 @@ def _forward_replaced(module: nn.Module, forward: Callable) -> Iterator[None]:
             module.forward = own
 
 
-def sequence_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int,
-                      fused_head: bool = True) -> tuple[Tensor, Tensor]:
-    """``(log-prob, entropy)`` of every next token, ``[N, T - 1]``, under ``softmax(logits / temperature)``.
+def sequence_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int, fused_head: bool = True,
+                      vocab_mean: bool = False) -> tuple[Tensor, ...]:
+    """``(log-prob, entropy)`` of every next token, ``[N, T - 1]``, under ``softmax(logits / temperature)`` (and the
+    vocabulary's mean log-prob with ``vocab_mean``, see :func:`model_logprobs`).
 
     Only positions from the first response token on go through the LM head (the head and the log-softmax over the
     vocabulary are the costly part of a small model's step); earlier positions are returned as 0. Without response
@@ -84,9 +86,9 @@ def sequence_logprobs(model, seqs: Sequences, temperature: float, chunk_size: in
     first = int(seqs.response_mask.any(0).nonzero()[0]) if seqs.response_mask.any() else width - 2
     keep = {"logits_to_keep": width - first} if takes_logits_to_keep(model) else {}
     inputs = {"input_ids": seqs.input_ids, "attention_mask": seqs.attention_mask, "use_cache": False, **keep}
-    logp, entropy = model_logprobs(model, inputs, lambda out: out[:, -(width - first) : -1],
-                                   seqs.input_ids[:, first + 1 :], temperature, chunk_size, fused_head)
-    return F.pad(logp, (first, 0)), F.pad(entropy, (first, 0))
+    scores = model_logprobs(model, inputs, lambda out: out[:, -(width - first) : -1], seqs.input_ids[:, first + 1 :],
+                            temperature, chunk_size, fused_head, vocab_mean)
+    return tuple(F.pad(values, (first, 0)) for values in scores)
 
 
 def takes_logits_to_keep(model) -> bool:

@@ -28,9 +28,10 @@ PACKED_ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "
 """``config._attn_implementation`` values under which transformers separates packed sequences."""
 
 
-def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int,
-                    fused_head: bool = True) -> tuple[Tensor, Tensor]:
-    """``sequence_logprobs`` computed on one packed row: the same ``(log-prob, entropy)``, ``[N, T - 1]``.
+def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int, fused_head: bool = True,
+                    vocab_mean: bool = False) -> tuple[Tensor, ...]:
+    """``sequence_logprobs`` computed on one packed row: the same ``(log-prob, entropy)`` (and vocabulary mean),
+    ``[N, T - 1]``.
 
     Response positions get values, every other position 0 (without response tokens, ``Sequences.filler``, the
     first sequence's last position is computed and returned as 0, so the LM head is part of the pass).
@@ -46,13 +47,13 @@ def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int,
     at = starts[rows] + cols  # [K] positions in the row whose next token is scored
     keep = {"logits_to_keep": at} if takes_logits_to_keep(model) else {}
     inputs = {"input_ids": ids, "position_ids": positions[None], "use_cache": False, **keep}
-    logp, entropy = model_logprobs(model, inputs, (lambda out: out) if keep else (lambda out: out[:, at]),
-                                   ids[:, at + 1], temperature, chunk_size, fused_head)  # [1, K]
+    scores = model_logprobs(model, inputs, (lambda out: out) if keep else (lambda out: out[:, at]), ids[:, at + 1],
+                            temperature, chunk_size, fused_head, vocab_mean)  # each [1, K]
 
     def unpack(values: Tensor) -> Tensor:  # [1, K] -> [N, T - 1], zeros where nothing is scored
         return values.new_zeros(scored.shape).index_put((rows, cols), values[0] * scored[rows, cols])
 
-    return unpack(logp), unpack(entropy)
+    return tuple(unpack(values) for values in scores)
 
 
 def _last_target(response_mask: Tensor, lengths: Tensor) -> Tensor:
