@@ -13,16 +13,19 @@ from evolrl.settings import check_int, require
 
 
 def sample_table(view: TrainView, rows: int) -> str:
-    """A Markdown table of the first response of the first ``rows`` prompts."""
+    """A Markdown table of the first ``rows`` prompts, each with its first scored response (a reward that reads the
+    policy scores only the trained ones; the others are NaN)."""
     lines = ["| prompt | response | answer | reward |", "|---|---|---|---|"]
 
     def cell(text: Any) -> str:
         return str(text).replace("|", "\\|").replace("\n", " ")[:500]
 
     for p, group in enumerate(view.rollouts.groups[:rows]):
-        answer = view.rewards.answers[p][0] if view.rewards is not None else None
-        reward = f"{view.rewards.rewards[p, 0].item():.3f}" if view.rewards is not None else ""
-        lines.append(f"| {cell(group.prompt.question)} | {cell(group.texts[0])} | {cell(answer)} | {reward} |")
+        scored = [] if view.rewards is None else (~view.rewards.rewards[p].isnan()).nonzero().flatten().tolist()
+        v = scored[0] if scored else 0
+        answer = view.rewards.answers[p][v] if view.rewards is not None else None
+        reward = f"{view.rewards.rewards[p, v].item():.3f}" if view.rewards is not None else ""
+        lines.append(f"| {cell(group.prompt.question)} | {cell(group.texts[v])} | {cell(answer)} | {reward} |")
     return "\n".join(lines)
 
 

@@ -27,16 +27,21 @@ def label_free_diagnostics(
 
     Args:
         output: Rewards and components of the step; uses ``valid``, ``majority``,
-            ``answer_class`` and ``novelty`` where present.
+            ``answer_class`` and ``novelty`` where present. Rewards that are NaN (responses a reward did not
+            score) are left out of the reward statistics.
         truths: Ground-truth answer per prompt, ``None`` where unknown.
         truncated: ``[P, V]`` bool, responses that hit the token limit.
     """
     rewards = output.rewards.float()
     parts = output.components
+    # A reward that reads the policy scores only the trained responses; the others are NaN (not scored).
+    scored = ~rewards.isnan()
+    group_mean = rewards.nanmean(dim=1, keepdim=True)
+    group_var = ((rewards - group_mean) ** 2).nanmean(dim=1)
     stats = {
-        "reward_mean": rewards.mean().item(),
-        "reward_std": rewards.std(unbiased=False).item(),
-        "zero_variance_groups": (rewards.std(dim=1, unbiased=False) <= ZERO_VARIANCE_ATOL).float().mean().item(),
+        "reward_mean": rewards[scored].mean().item(),
+        "reward_std": rewards[scored].std(unbiased=False).item(),
+        "zero_variance_groups": (group_var.sqrt() <= ZERO_VARIANCE_ATOL).float().mean().item(),
     }
     if "valid" in parts:
         stats["valid_rate"] = parts["valid"].float().mean().item()

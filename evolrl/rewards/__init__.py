@@ -12,7 +12,11 @@ Naming rule: a module is named after the one public thing it defines (``voting.p
 * ``voting.py``: equivalence classes and the majority vote of one group;
 * ``novelty.py``: the novelty score and its bands as tensor math; ``embedders.py``: sentence embedders;
 * ``novelty_bands.py``: the configured novelty object (embedder, ``alpha``, ``novelty_text``);
-* ``evol_reward.py``, ``majority_vote_reward.py``, ``verifier_reward.py``: the rewards.
+* ``evol_reward.py``, ``majority_vote_reward.py``, ``verifier_reward.py``: the rewards;
+* ``policy_signal.py``: what the policy says of each trained response (:class:`PolicySignal`) and the base of the
+  rewards that read it (:class:`PolicyReward`);
+* the other label-free methods, one each: ``self_certainty_reward.py`` (Intuitor), ``token_entropy_reward.py``
+  (RENT), ``semantic_entropy_reward.py`` (EMPO).
 """
 
 from evolrl.rewards.answer_sheet import AnswerReward, AnswerSheet
@@ -24,6 +28,10 @@ from evolrl.rewards.evol_reward import EvolReward
 from evolrl.rewards.majority_vote_reward import MajorityVoteReward
 from evolrl.rewards.novelty import band_rewards, evol_rewards, evol_rewards_batched, novelty_scores
 from evolrl.rewards.novelty_bands import NoveltyBands
+from evolrl.rewards.policy_signal import PolicyReward, PolicySignal
+from evolrl.rewards.self_certainty_reward import SelfCertaintyReward
+from evolrl.rewards.semantic_entropy_reward import SemanticEntropyReward
+from evolrl.rewards.token_entropy_reward import TokenEntropyReward
 from evolrl.rewards.verifier_reward import VerifierReward
 from evolrl.rewards.voting import group_answers, majority_vote
 
@@ -35,8 +43,13 @@ __all__ = [
     "EvolReward",
     "MajorityVoteReward",
     "NoveltyBands",
+    "PolicyReward",
+    "PolicySignal",
     "Reward",
+    "SelfCertaintyReward",
+    "SemanticEntropyReward",
     "SentenceTransformerEmbedder",
+    "TokenEntropyReward",
     "VerifierReward",
     "answers_equivalent",
     "band_rewards",

@@ -17,6 +17,10 @@ from evolrl.types import RewardOutput, RolloutBatch
 class Reward(ABC):
     """Scores every response of a rollout batch."""
 
+    needs_policy = False
+    """Whether the reward reads the policy: then the module calls it as ``reward(batch, policy=PolicySignal)``
+    (``evolrl.rewards.policy_signal``)."""
+
     @abstractmethod
     def __call__(self, batch: RolloutBatch) -> RewardOutput:
         """Rewards ``[P, V]`` and their components for ``batch``."""

@@ -29,7 +29,6 @@ from dataclasses import asdict
 import lightning as L
 import torch
 
-from evolrl.algorithms import group_advantages
 from evolrl.callbacks import LabelFreeDiagnostics, PassAtK, PolicyStats, SampleLogger
 from evolrl.data.datamodule import RolloutRequest
 from evolrl.rewards import EvolReward, Reward
@@ -42,7 +41,7 @@ from evolrl.training.forward import check_fused_head
 from evolrl.training.loss import GRPOLoss
 from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, total_training_steps
 from evolrl.training.packing import check_packing
-from evolrl.training.sequences import pack
+from evolrl.training.scoring import score
 from evolrl.training.signal import SignalCheck
 from evolrl.training.update import GRPOUpdate
 
@@ -199,35 +198,35 @@ class EvolRLModule(L.LightningModule):
         t0 = time.perf_counter()
         rollouts = self.rollouts.check_fresh(request.sample())
         t1 = time.perf_counter()
-        scored = self.reward(rollouts)  # [P, V]
+        scored = score(self.reward, self.update, self.policy, rollouts, self.rollouts.pad_token_id,
+                       self.rollouts.temperature, self.device)  # rewards [P, V], the trained [P, G] as sequences
         t2 = time.perf_counter()
-        rewards = scored.rewards.gather(1, rollouts.trained)  # [P, G]
-        advantages = group_advantages(rewards, self.update.loss.scale_by_std)  # [P, G]
-        self.signal(advantages)
-        seqs = pack(rollouts, advantages, self.rollouts.pad_token_id).to(self.device)
+        self.signal(scored.advantages)
+        seqs = scored.seqs
         optimizer = CountedOnce(self.optimizers(), self.trainer.strategy, self.update.optimizer_steps(len(seqs)))
         stats = self.update(self.policy, self.reference.model if self.reference else None, seqs,
                             self.rollouts.temperature, optimizer, self.lr_schedulers(), self.manual_backward,
-                            self.trainer.world_size)
+                            self.trainer.world_size, scored.policy_pass)
         t3 = time.perf_counter()
         self.push_weights()
         t4 = time.perf_counter()
 
         stats |= {
-            "advantage_abs": advantages.abs().mean().item(),
+            "advantage_abs": scored.advantages.abs().mean().item(),
             "lr": self.lr_schedulers().get_last_lr()[0],
             "skipped_steps": float(self.update.skipped_steps),
         }
+        # reward: the policy pass included, for a reward that reads the policy
         timing = {"step": t4 - t0, "sample": t1 - t0, "reward": t2 - t1, "update": t3 - t2, "sync": t4 - t3}
         # Entropy, lengths and the label-free diagnostics are logged by the callbacks (evolrl.callbacks),
         # which read this step's output.
         logged = {k if "/" in k else f"train/{k}": v for k, v in stats.items() if k != "entropy"}  # mismatch/* as is
         self.log_dict(logged, on_step=True, batch_size=len(seqs))
         self.log_dict({f"time/{k}": v for k, v in timing.items()}, on_step=True, batch_size=len(seqs))
-        bar = {"reward": scored.rewards.mean().item(), "entropy": stats["entropy"],
+        bar = {"reward": scored.rewards.rewards.nanmean().item(), "entropy": stats["entropy"],
                "len": seqs.response_mask.sum(-1).float().mean().item(), "step_s": timing["step"]}
         self.log_dict(bar, prog_bar=True, logger=False, on_step=True, batch_size=len(seqs))
-        return {"rollouts": rollouts, "rewards": scored, "stats": stats, "timing": timing}
+        return {"rollouts": rollouts, "rewards": scored.rewards, "stats": stats, "timing": timing}
 
     # ---- evaluation ---------------------------------------------------------------------
     def on_validation_start(self) -> None:

@@ -21,6 +21,7 @@ without a Trainer (``tests/test_update.py``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -35,6 +36,21 @@ from evolrl.training.loss import GRPOLoss
 from evolrl.training.packing import packed_logprobs
 from evolrl.training.plan import Plan, lockstep, micro_batch_plan, mini_batch_ranges, token_budget_plan
 from evolrl.training.sequences import Sequences
+
+
+@dataclass(frozen=True)
+class PolicyPass:
+    """:meth:`GRPOUpdate.score`: one no-grad pass of the policy over a step's sequences, before the update."""
+
+    plan: Plan
+    old: list[Tensor]
+    """Log-probs per micro-batch of ``plan``, in order."""
+    logp: Tensor
+    """``[N, T - 1]`` log-prob of each token (0 where nothing is scored)."""
+    entropy: Tensor
+    """``[N, T - 1]`` entropy of each token's distribution."""
+    mean_logp: Tensor
+    """``[N, T - 1]`` mean over the vocabulary of each token distribution's log-probs."""
 
 
 class GRPOUpdate:
@@ -90,9 +106,10 @@ class GRPOUpdate:
         """Optimizer steps (mini-batches) in one training step of ``sequences_per_step`` sequences."""
         return len(mini_batch_ranges(sequences_per_step, self.mini_batch_size))
 
-    def forward(self, model: nn.Module, seqs: Sequences, temperature: float) -> tuple[Tensor, Tensor]:
+    def forward(self, model: nn.Module, seqs: Sequences, temperature: float,
+                vocab_mean: bool = False) -> tuple[Tensor, ...]:
         logprobs = packed_logprobs if self.packed else sequence_logprobs
-        return logprobs(model, seqs, temperature, self.chunk_size, self.fused_head)
+        return logprobs(model, seqs, temperature, self.chunk_size, self.fused_head, vocab_mean)
 
     @staticmethod
     def micro_batch(seqs: Sequences, rows: list[int]) -> Sequences:
@@ -101,25 +118,44 @@ class GRPOUpdate:
 
     @torch.no_grad()
     def old_and_reference_logprobs(self, policy: nn.Module, reference: nn.Module | None, seqs: Sequences,
-                                   temperature: float, plan: Plan) -> tuple[list[Tensor | None], list[Tensor] | None]:
+                                   temperature: float, plan: Plan,
+                                   old: list[Tensor] | None = None) -> tuple[list[Tensor | None], list[Tensor] | None]:
         """Per micro-batch (in ``plan`` order) log-probs of the policy before the update and of the reference.
 
-        The first mini-batch's old log-probs are ``None``: the policy has not changed yet when it is trained on,
-        so its own forward pass gives them (detached) and a separate pass would compute the same numbers.
+        Without ``old`` (a :class:`PolicyPass`'s), the first mini-batch's old log-probs are ``None``: the policy has
+        not changed yet when it is trained on, so its own forward pass gives them (detached) and a separate pass
+        would compute the same numbers.
         """
-        old, ref = [None] * len(plan[0]), [] if reference is not None else None
+        computed, ref = [None] * len(plan[0]), [] if reference is not None else None
         for i, micro in enumerate(micro for mini in plan for micro in mini):
             part = self.micro_batch(seqs, micro)
-            if i >= len(plan[0]):
-                old.append(self.forward(policy, part, temperature)[0])
+            if old is None and i >= len(plan[0]):
+                computed.append(self.forward(policy, part, temperature)[0])
             if ref is not None:
                 ref.append(self.forward(reference, part, temperature)[0])
-        return old, ref
+        return old if old is not None else computed, ref
+
+    @torch.no_grad()
+    def score(self, policy: nn.Module, seqs: Sequences, temperature: float) -> PolicyPass:
+        """One no-grad pass of ``policy`` over ``seqs`` in the update's plan: each micro-batch's log-probs (the old
+        log-probs of every mini-batch, if the update is then given this pass) and, per token ``[N, T - 1]``, the
+        log-prob, the entropy and the vocabulary's mean log-prob (what a reward that reads the policy needs)."""
+        plan = self.plan(seqs)
+        tokens = torch.zeros(3, *seqs.response_mask.shape, device=seqs.input_ids.device)
+        old = []
+        for micro in (micro for mini in plan for micro in mini):
+            part = self.micro_batch(seqs, micro)
+            scores = self.forward(policy, part, temperature, vocab_mean=True)
+            old.append(scores[0])
+            if micro:
+                tokens[:, micro, : part.response_mask.shape[1]] = torch.stack(scores)
+        return PolicyPass(plan, old, *tokens.unbind(0))
 
     def __call__(self, policy: nn.Module, reference: nn.Module | None, seqs: Sequences, temperature: float,
                  optimizer, scheduler, backward: Callable[[Tensor], None] = Tensor.backward,
-                 world_size: int = 1) -> dict[str, float]:
-        """Train on ``seqs``; the mean of each loss term over the mini-batches.
+                 world_size: int = 1, policy_pass: PolicyPass | None = None) -> dict[str, float]:
+        """Train on ``seqs``; the mean of each loss term over the mini-batches. With ``policy_pass`` (:meth:`score` of
+        these sequences, before any change to the policy), its plan and old log-probs are used.
 
         ``optimizer.step()`` is called once per mini-batch, a skipped one included (its gradients dropped
         first, so nothing moves), and ``scheduler.step()`` after every applied one. ``backward`` is the
@@ -130,8 +166,9 @@ class GRPOUpdate:
         if cfg.mismatch_correction is not None and seqs.sampler_logprobs is None:
             raise ValueError(f"mismatch_correction={cfg.mismatch_correction!r} needs the sampler's log-probs, and the "
                              "rollout engine reported none")
-        plan = self.plan(seqs)
-        old_logp, ref_logp = self.old_and_reference_logprobs(policy, reference, seqs, temperature, plan)
+        plan = policy_pass.plan if policy_pass is not None else self.plan(seqs)
+        old_logp, ref_logp = self.old_and_reference_logprobs(policy, reference, seqs, temperature, plan,
+                                                             policy_pass.old if policy_pass is not None else None)
         sums: dict[str, Tensor] = {}  # summed on the device, read once at the end (no per-term sync)
         mismatch = [] if seqs.sampler_logprobs is not None else None  # per micro-batch (sums, maxima)
         index = -1  # position in the flattened plan, matching old_logp / ref_logp

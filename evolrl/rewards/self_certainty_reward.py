@@ -1,0 +1,28 @@
+"""Intuitor's reward: the policy's self-certainty in its own response."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from evolrl.rewards.policy_signal import PolicyReward, PolicySignal
+
+
+class SelfCertaintyReward(PolicyReward):
+    """``r = (1/|o|) sum_i KL(U || p(. | q, o_<i))``, the mean over the response's tokens of the KL divergence from the
+    uniform distribution over the vocabulary to the policy's next-token distribution.
+
+    Zhao et al. 2025, "Learning to Reason without External Rewards" (Intuitor), the self-certainty of their section 3:
+    ``-(1 / (|o| |V|)) sum_i sum_j log(|V| p(j | q, o_<i))``, used as the GRPO reward. As in the authors' verl code
+    (``self_certainty_from_logits``, computed in the old-log-prob pass): the current policy's numbers, without
+    gradients, over the response tokens only, of ``softmax(logits / T)`` at the sampling temperature; advantages
+    are then normalized within each group (GRPO). Theirs drops the constant ``log |V|``, which the group
+    normalization cancels; here it is kept, so the logged reward is the KL itself. Reads the trainer's policy, not
+    the sampler's (:class:`~evolrl.rewards.policy_signal.PolicySignal`); untrained responses get NaN.
+
+    Args:
+        valid_rule: Which answers take part in the diagnostics' vote (not in the reward).
+        number_fallback: Read the last number as the answer when there is no ``\\boxed{}``.
+    """
+
+    def score(self, policy: PolicySignal) -> tuple[Tensor, str]:
+        return policy.self_certainty, "self_certainty"
