@@ -1,5 +1,6 @@
 """Metric callbacks that plug into any Lightning RL module (see ``contract.py``)."""
 
+from evolrl.callbacks.collapse import CollapseMonitor
 from evolrl.callbacks.contract import EvalView, TrainView, evolrl_eval_view, evolrl_train_view
 from evolrl.callbacks.diagnostics import LabelFreeDiagnostics
 from evolrl.callbacks.pass_at_k import PassAtK
@@ -7,6 +8,7 @@ from evolrl.callbacks.policy_stats import PolicyStats
 from evolrl.callbacks.samples import SampleLogger
 
 __all__ = [
+    "CollapseMonitor",
     "EvalView",
     "LabelFreeDiagnostics",
     "PassAtK",
