@@ -36,6 +36,10 @@ def paper_runs():
     [str(CONFIGS / "demo.yaml")],
     [str(CONFIGS / "demo.yaml"), str(CONFIGS / "eval_demo.yaml")],
     [str(CONFIGS / "demo.yaml"), str(CONFIGS / "demo_ttrl.yaml")],
+    *([str(CONFIGS / "demo.yaml"), str(CONFIGS / f"demo_{m}.yaml")]
+      for m in ("self_certainty", "token_entropy", "semantic_entropy")),
+    [str(CONFIGS / "demo.yaml"), str(CONFIGS / "study.yaml")],
+    [str(CONFIGS / "demo.yaml"), str(CONFIGS / "study.yaml"), str(CONFIGS / "demo_ttrl.yaml")],
     [*next(paper_runs()), str(CONFIGS / "paper" / "eval.yaml")],
     *paper_runs(),
 ], ids=lambda c: "+".join(Path(p).stem for p in c))
@@ -146,6 +150,17 @@ def test_plot_dynamics_overlays_two_runs(tmp_path, tiny_model, minilm, monkeypat
     image = matplotlib.image.imread(out)
     assert image.shape[0] > 300 and image.shape[1] > 1000  # three readable panels side by side
     assert len(read_scalars(runs[0])["val/addition/pass@1"]) == 4
+    # The two runs as seeds of one method, with a pass@4 panel: four panels, one line and its band each.
+    wide = matplotlib.image.imread(plot(runs, ["both", "both"], tmp_path / "seeds.png", pass_k=4))
+    assert wide.shape[1] > image.shape[1] * 1.2
+
+
+def test_seed_bands_are_the_mean_and_range_at_the_steps_every_seed_logged():
+    sys.path.insert(0, str(Path(__file__).parent.parent / "tools"))
+    from plot_dynamics import seed_band
+
+    steps, mean, low, high = seed_band([[(0, 1.0), (5, 3.0), (10, 2.0)], [(0, 3.0), (5, 5.0)]])
+    assert (steps, mean, low, high) == ([0, 5], [2.0, 4.0], [1.0, 3.0], [3.0, 5.0])
 
 
 class Recorder(L.Callback):

@@ -1,11 +1,14 @@
 """Draw the paper's training-dynamics figure from TensorBoard logs of one or more runs.
 
-Three panels against the training step: pass@1 on an evaluation set (``val/<set>/pass@1``),
-mean response length (tokens) and policy entropy (nats per token); one line per run, so TTRL and
-EVOL-RL can be overlaid.
+Panels against the training step: pass@1 on an evaluation set (``val/<set>/pass@1``), with ``--pass-k K`` also
+pass@K, mean response length (tokens) and policy entropy (nats per token); one line per label, so TTRL and EVOL-RL
+can be overlaid. Runs that share a label are seeds of one method: their mean is drawn, with a band from their
+minimum to their maximum at each step (the legend says how many seeds).
 
     python tools/plot_dynamics.py runs/demo/version_0 runs/demo_ttrl/version_0 \\
         --labels EVOL-RL TTRL --out dynamics.png
+    python tools/plot_dynamics.py runs/study/evol/seed* runs/study/ttrl/seed* \\
+        --labels EVOL-RL EVOL-RL EVOL-RL TTRL TTRL TTRL --pass-k 16 --out study.png
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 PANELS = (
     ("val/{eval_set}/pass@1", "pass@1 on {eval_set}", "pass@1"),
+    ("val/{eval_set}/pass@{k}", "pass@{k} on {eval_set}", "pass@{k}"),
     ("train/response_length", "response length", "tokens"),
     ("train/entropy", "policy entropy", "nats / token"),
 )
+"""(tag, title, unit); the pass@k panel only with ``pass_k``."""
 
 
 def read_scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
@@ -48,20 +53,38 @@ def find_eval_set(runs: list[dict[str, list]], wanted: str | None) -> str | None
     return names[0] if names else None
 
 
-def plot(run_dirs: list[Path], labels: list[str], out: Path, eval_set: str | None = None) -> Path:
+def seed_band(points: list[list[tuple[int, float]]]) -> tuple[list[int], list[float], list[float], list[float]]:
+    """``(steps, mean, min, max)`` over the runs, at the steps every run logged."""
+    common = sorted(set.intersection(*(set(dict(p)) for p in points)))
+    values = [[dict(p)[s] for p in points] for s in common]
+    return common, [sum(v) / len(v) for v in values], [min(v) for v in values], [max(v) for v in values]
+
+
+def plot(run_dirs: list[Path], labels: list[str], out: Path, eval_set: str | None = None,
+         pass_k: int | None = None) -> Path:
     runs = [read_scalars(d) for d in run_dirs]
     eval_set = find_eval_set(runs, eval_set)
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4), constrained_layout=True)
-    for ax, (tag, title, unit) in zip(axes, PANELS):
-        tag = tag.format(eval_set=eval_set)
-        ax.set_title(title.format(eval_set=eval_set or "(no evaluation set logged)"))
+    methods: dict[str, list[dict]] = {}
+    for run, label in zip(runs, labels):
+        methods.setdefault(label, []).append(run)
+    panels = [p for p in PANELS if pass_k is not None or "{k}" not in p[0]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), constrained_layout=True)
+    for ax, (tag, title, unit) in zip(axes, panels):
+        tag = tag.format(eval_set=eval_set, k=pass_k)
+        ax.set_title(title.format(eval_set=eval_set or "(no evaluation set logged)", k=pass_k))
         ax.set_xlabel("training step")
-        ax.set_ylabel(unit)
+        ax.set_ylabel(unit.format(k=pass_k))
         ax.grid(alpha=0.3)
-        for run, label in zip(runs, labels):
-            if tag in run:
-                steps, values = zip(*run[tag])
+        for label, seeds in methods.items():
+            logged = [run[tag] for run in seeds if tag in run]
+            if len(logged) == 1:
+                steps, values = zip(*logged[0])
                 ax.plot(steps, values, marker="o", markersize=3, label=label)
+            elif logged:
+                steps, mean, low, high = seed_band(logged)
+                line, = ax.plot(steps, mean, marker="o", markersize=3,
+                                label=f"{label} (mean of {len(logged)} seeds, band: min-max)")
+                ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
         if ax.lines:
             ax.legend()
         else:
@@ -78,12 +101,13 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (or event files)")
     parser.add_argument("--labels", nargs="+", help="legend label per run (default: the directory names)")
     parser.add_argument("--eval-set", help="evaluation set for the pass@1 panel (default: the first logged)")
+    parser.add_argument("--pass-k", type=int, help="also a pass@K panel (val/<set>/pass@K)")
     parser.add_argument("--out", type=Path, default=Path("dynamics.png"))
     args = parser.parse_args()
     labels = args.labels or [str(r) for r in args.runs]
     if len(labels) != len(args.runs):
         parser.error(f"{len(args.runs)} runs but {len(labels)} labels")
-    print(plot(args.runs, labels, args.out, args.eval_set))
+    print(plot(args.runs, labels, args.out, args.eval_set, args.pass_k))
 
 
 if __name__ == "__main__":

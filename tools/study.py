@@ -1,0 +1,204 @@
+"""The paper's signature at a scale this machine re-runs: TTRL vs EVOL-RL over several seeds (docs/study.md).
+
+    python tools/study.py probe            # the base model on candidate tasks: which one has headroom (~10 min)
+    python tools/study.py run              # every method x 3 seeds, resumable run by run (~25 min a run, 2 cores)
+    python tools/study.py summary          # the table at the last evaluation (mean +- sd) and docs/study.png
+    python tools/study.py run --smoke      # 2 training steps of each method, one seed, one evaluation batch (CI)
+    python tools/study.py run --methods self_certainty token_entropy semantic_entropy --seeds 0   # the others
+
+A run is the CLI itself: ``python -m evolrl fit --config configs/demo.yaml --config configs/study.yaml`` plus the
+method's overlay (``METHODS``: none for EVOL-RL, ``configs/demo_ttrl.yaml`` for TTRL), plus a file this tool writes
+beside the run with its seed (``seed_everything`` and ``data.seed``: prompt order, trained subsets, sampling) and its
+log directory ``<out>/<method>/seed<S>``. The methods differ only where their overlays say; everything else
+(model, task, steps, learning rate, evaluation) is ``configs/study.yaml`` on top of the demo. A finished run leaves
+``done.json`` (its wall time); ``run`` skips those and starts an unfinished one again from the beginning.
+
+``probe`` evaluates the untrained model on each candidate task of ``CANDIDATES`` with ``python -m evolrl validate``:
+at the evaluation sampling (temperature 0.6, top-p 0.95) pass@1, pass@8, pass@16 and maj@16 of 16 samples, and at the
+training sampling (temperature 0.7, 16 samples: the vote of one training group) maj@16, which is how often the
+majority label a TTRL/EVOL-RL group votes for is right.
+
+``summary`` reads the TensorBoard event files: held-out pass@1, pass@16, maj@16 before training and at the last
+evaluation, and the training curves' means over the last ``--tail`` steps (entropy, response length, majority ratio,
+label accuracy), each as mean +- sd over the seeds; then ``tools/plot_dynamics.py`` draws the curves (mean over seeds,
+min-max band).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from plot_dynamics import plot, read_scalars
+
+BASE = ["configs/demo.yaml", "configs/study.yaml"]
+METHODS = {
+    "evol": ("EVOL-RL", []),
+    "ttrl": ("TTRL", ["configs/demo_ttrl.yaml"]),
+    "self_certainty": ("self-certainty (Intuitor)", ["configs/demo_self_certainty.yaml"]),
+    "token_entropy": ("token entropy (RENT)", ["configs/demo_token_entropy.yaml"]),
+    "semantic_entropy": ("semantic entropy (EMPO)", ["configs/demo_semantic_entropy.yaml"]),
+}
+"""Method -> (label, overlay configs on top of ``BASE``). The study is the first two; the others are the other
+label-free methods, run side by side the same way (``--methods self_certainty token_entropy semantic_entropy``)."""
+EVAL_SET = "heldout"
+INSTRUCTION = "Put your final answer within \\boxed{}."
+CANDIDATES = {
+    "2 terms, 0-9": {"max_operand": 9},
+    "2 terms, 0-19": {"max_operand": 19},
+    "2 terms, 0-29": {"max_operand": 29},
+    "2 terms, 0-99": {"max_operand": 99},
+    "3 terms, 0-9": {"max_operand": 9, "terms": 3},
+}
+"""Candidate tasks for ``probe``: ``AdditionPrompts`` settings."""
+FINAL = ("pass@1", "pass@16", "maj@16")
+TRAIN = ("entropy", "response_length", "majority_ratio", "label_accuracy")
+
+
+def fit(configs: list[str], out: Path, env: dict) -> int:
+    """``python -m evolrl fit`` with these configs, its console in ``out/console.log``; the exit code."""
+    out.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "evolrl", "fit"] + [a for c in configs for a in ("--config", c)]
+    with open(out / "console.log", "w") as log:
+        return subprocess.run(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+
+
+def run_overlay(out: Path, method: str, seed: int, smoke: bool) -> dict:
+    overlay = {
+        "seed_everything": seed,
+        "trainer": {"logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                               "init_args": {"save_dir": str(out), "name": method, "version": f"seed{seed}"}}},
+        "data": {"seed": seed},
+    }
+    if smoke:
+        overlay["trainer"] |= {"limit_train_batches": 2, "val_check_interval": 2, "limit_val_batches": 1}
+    return overlay
+
+
+def run(a: argparse.Namespace) -> None:
+    out = Path(a.out)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    for seed in a.seeds:
+        for method in a.methods:
+            directory = out / method / f"seed{seed}"
+            if (directory / "done.json").exists():
+                print(f"{method} seed {seed}: done already", flush=True)
+                continue
+            if directory.exists():  # an interrupted run: start it again
+                shutil.rmtree(directory)
+            directory.mkdir(parents=True)
+            overlay = directory.parent / f"seed{seed}.yaml"
+            overlay.write_text(yaml.safe_dump(run_overlay(out, method, seed, a.smoke)))
+            start = time.perf_counter()
+            code = fit(BASE + METHODS[method][1] + [str(overlay)], directory, env)
+            seconds = time.perf_counter() - start
+            if code:
+                sys.exit(f"{method} seed {seed} failed (exit {code}); its console: {directory / 'console.log'}")
+            (directory / "done.json").write_text(json.dumps({"seconds": seconds}))
+            print(f"{method} seed {seed}: {seconds / 60:.1f} min", flush=True)
+
+
+def mean_sd(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.3f} +- {sd:.3f}"
+
+
+def run_numbers(directory: Path, tail: int) -> dict[str, float]:
+    """Held-out metrics at the first and last evaluation, training curves over the last ``tail`` steps."""
+    scalars = read_scalars(directory)
+    numbers = {}
+    for name in FINAL:
+        points = scalars.get(f"val/{EVAL_SET}/{name}", [])
+        if points:
+            numbers[f"{name} start"], numbers[f"{name} last"] = points[0][1], points[-1][1]
+            numbers["last evaluation step"] = points[-1][0]
+    for name in TRAIN:
+        points = scalars.get(f"train/{name}", [])
+        if points:
+            numbers[f"{name} first {tail}"] = statistics.mean(v for _, v in points[:tail])
+            numbers[f"{name} last {tail}"] = statistics.mean(v for _, v in points[-tail:])
+    return numbers
+
+
+def summary(a: argparse.Namespace) -> None:
+    out = Path(a.out)
+    runs = {m: sorted(p.parent for p in (out / m).glob("seed*/done.json")) for m in a.methods}
+    numbers = {m: [run_numbers(d, a.tail) for d in dirs] for m, dirs in runs.items()}
+    keys = [k for k in numbers[a.methods[0]][0]] if numbers[a.methods[0]] else []
+    print(f"| metric | {' | '.join(f'{METHODS[m][0]} ({len(runs[m])} seeds)' for m in a.methods)} |")
+    print("|---" * (len(a.methods) + 1) + "|")
+    for key in keys:
+        cells = [mean_sd([n[key] for n in numbers[m] if key in n]) for m in a.methods]
+        print(f"| {key} | {' | '.join(cells)} |")
+    minutes = [json.loads((d / "done.json").read_text())["seconds"] / 60 for dirs in runs.values() for d in dirs]
+    print(f"\n{len(minutes)} runs, {sum(minutes):.0f} min in all ({min(minutes):.1f} to {max(minutes):.1f} a run)")
+    figure = plot([d for m in a.methods for d in runs[m]], [METHODS[m][0] for m in a.methods for _ in runs[m]],
+                  Path(a.figure), EVAL_SET, pass_k=16)
+    print(f"figure: {figure}")
+
+
+def probe_overlay(out: Path, name: str, temperature: float, top_p: float) -> dict:
+    sets = [{"class_path": "evolrl.data.EvalSet",
+             "init_args": {"name": f"task{i}", "source": {"class_path": "evolrl.data.AdditionPrompts", "init_args": {
+                 "count": 32, "seed": 1, "instruction": INSTRUCTION, **settings}}}}
+            for i, settings in enumerate(CANDIDATES.values())]
+    return {
+        "trainer": {"logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                               "init_args": {"save_dir": str(out), "name": name}},
+                    "callbacks": [{"class_path": "evolrl.callbacks.PassAtK",
+                                   "init_args": {"pass_ks": [1, 8, 16], "maj_ks": [16]}}]},
+        "data": {"eval_sets": sets, "eval_samples": 16,
+                 "eval_sampling": {"temperature": temperature, "top_p": top_p, "max_new_tokens": 48}},
+    }
+
+
+def probe(a: argparse.Namespace) -> None:
+    out = Path(a.out) / "probe"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    tables = {}
+    for name, temperature, top_p in (("evaluation", 0.6, 0.95), ("training", 0.7, 1.0)):
+        out.mkdir(parents=True, exist_ok=True)
+        overlay = out / f"{name}.yaml"
+        overlay.write_text(yaml.safe_dump(probe_overlay(out, name, temperature, top_p)))
+        args = [sys.executable, "-m", "evolrl", "validate", "--config", "configs/demo.yaml", "--config", str(overlay)]
+        with open(out / f"{name}.log", "w") as log:
+            if subprocess.run(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode:
+                sys.exit(f"probe ({name} sampling) failed; see {out / f'{name}.log'}")
+        tables[name] = json.loads(next((out / name).rglob("val_metrics.json")).read_text())
+    print("| task | pass@1 | pass@8 | pass@16 | maj@16 | label accuracy (vote of 16 at T 0.7) |")
+    print("|---|---|---|---|---|---|")
+    for i, name in enumerate(CANDIDATES):
+        e, t = tables["evaluation"][f"task{i}"], tables["training"][f"task{i}"]
+        print(f"| {name} | {e['pass@1']:.3f} | {e['pass@8']:.3f} | {e['pass@16']:.3f} | {e['maj@16']:.3f} "
+              f"| {t['maj@16']:.3f} |")
+    print(f"\n32 held-out problems per task, 16 samples each (AdditionPrompts seed 1), {ROOT / BASE[0]}'s model")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=["probe", "run", "summary"])
+    p.add_argument("--methods", nargs="+", default=["evol", "ttrl"], choices=list(METHODS))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--out", default="runs/study", help="where the runs go")
+    p.add_argument("--smoke", action="store_true", help="run: 2 steps, one evaluation batch")
+    p.add_argument("--tail", type=int, default=10, help="summary: training curves averaged over this many steps")
+    p.add_argument("--figure", default="docs/study.png", help="summary: where the figure goes")
+    a = p.parse_args()
+    {"probe": probe, "run": run, "summary": summary}[a.command](a)
+
+
+if __name__ == "__main__":
+    main()
