@@ -19,8 +19,9 @@ training sampling (temperature 0.7, 16 samples: the vote of one training group) 
 majority label a TTRL/EVOL-RL group votes for is right.
 
 ``summary`` reads the TensorBoard event files: held-out pass@1, pass@16, maj@16 before training and at the last
-evaluation, and the training curves' means over the last ``--tail`` steps (entropy, response length, majority ratio,
-label accuracy), each as mean +- sd over the seeds; then ``tools/plot_dynamics.py`` draws the curves (mean over seeds,
+evaluation, the step the collapse monitor flagged (``CollapseMonitor`` in configs/study.yaml; how many runs had one),
+and the training curves' means over the first and the last ``--tail`` steps (entropy, response length, majority
+ratio, label accuracy), each as mean +- sd over the seeds; then ``tools/plot_dynamics.py`` draws the curves (mean over seeds,
 min-max band).
 """
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -110,6 +112,9 @@ def run(a: argparse.Namespace) -> None:
 
 
 def mean_sd(values: list[float]) -> str:
+    collapsed = [v for v in values if not math.isnan(v)]
+    if len(collapsed) < len(values):  # the collapse step: runs without one are counted, not averaged
+        return f"{len(collapsed)} of {len(values)}" + (f": {mean_sd(collapsed)}" if collapsed else "")
     if not values:
         return "n/a"
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
@@ -125,6 +130,8 @@ def run_numbers(directory: Path, tail: int) -> dict[str, float]:
         if points:
             numbers[f"{name} start"], numbers[f"{name} last"] = points[0][1], points[-1][1]
             numbers["last evaluation step"] = points[-1][0]
+    collapse = scalars.get("collapse/step", [])
+    numbers["collapse step (runs that collapsed)"] = collapse[0][1] if collapse else math.nan
     for name in TRAIN:
         points = scalars.get(f"train/{name}", [])
         if points:
