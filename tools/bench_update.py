@@ -3,7 +3,8 @@
     python tools/bench_update.py                    # tiny + SmolLM2-135M (packaged GGUF): 15-30 min, 2 cores
     python tools/bench_update.py --models tiny      # about a minute
     python tools/bench_update.py --quick            # smoke test (~30 s): tiny model, heavy tail, short sequences
-    python tools/bench_update.py --demo             # SmolLM2-135M at configs/demo.yaml's update (~3 min)
+    python tools/bench_update.py --demo             # SmolLM2-135M at configs/demo.yaml's update (~5 min)
+    python tools/bench_update.py --demo --profile 15    # ... and where its time goes (torch.profiler, top 15 ops)
     python tools/bench_update.py --precision 32-true --no-gradient-checkpointing --kl-coef 0
 
 A scale model of the paper's update (configs/paper: 256 sequences per step, mini-batches of 32, packed passes of at
@@ -135,7 +136,8 @@ def update_flops(w: dict[str, int], lengths: list[int], prompt: int, mini_batch:
 
 def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: str, mini_batch: int,
              micro_batch: int, budget: int, precision: str, gradient_checkpointing: bool, kl_coef: float,
-             entropy_coef: float, temperature: float, chunk: int, threads: int, allocator: str) -> dict:
+             entropy_coef: float, temperature: float, chunk: int, threads: int, allocator: str,
+             profile: int = 0) -> dict:
     """One update per draw of sequence lengths, measured, in this (fresh) process."""
     import torch
 
@@ -176,7 +178,16 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
         measured.append({"seconds": seconds, "update_mib": peak - before, "abs_mib": peak, "real": sum(lengths),
                          "computed": sum(passes), "passes": len(passes), "largest": max(passes),
                          "flops": update_flops(w, lengths, prompt, mini_batch, kl_coef > 0)})
-    return {"draws": measured, "weights": w}
+    out = {"draws": measured, "weights": w}
+    if profile:  # one more update on the first draw, under the profiler (not timed)
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as profiler
+
+        with profiler(activities=[ProfilerActivity.CPU]) as prof:
+            step(make_sequences(draws[0], prompt, policy.config.vocab_size, seed + 2))
+        out["profile"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=profile,
+                                                   max_name_column_width=40)
+    return out
 
 
 def matmul_peak(dtype: str, size: int, repeats: int) -> float:
@@ -199,13 +210,16 @@ def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str
     runs = {}
     for purpose, allocator, env, its in (("time", a.allocator, {}, draws),
                                          ("memory", "live", {"MALLOC_MMAP_THRESHOLD_": str(2**20)}, draws[:1])):
-        spec = case | {"allocator": allocator, "draws": its}
+        spec = case | {"allocator": allocator, "draws": its, "profile": a.profile if purpose == "time" else 0}
         out = subprocess.run([sys.executable, __file__, "--case", json.dumps(spec)], check=False, capture_output=True,
                              text=True, env={**os.environ, **env})
         if out.returncode:
             sys.exit(f"{path} on {model} failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
         runs[purpose] = json.loads(out.stdout.strip().splitlines()[-1])
     timed = runs["time"]["draws"]
+    if "profile" in runs["time"]:
+        print(f"\nprofile of {path} on {model} (an extra update on draw 0, top {a.profile} by self CPU time):\n"
+              + runs["time"]["profile"], flush=True)
     seconds = sum(d["seconds"] for d in timed)
     return runs["memory"]["draws"][0] | {
         "weights": runs["time"]["weights"], "seconds": statistics.median(d["seconds"] for d in timed),
@@ -281,6 +295,8 @@ def main() -> None:
     p.add_argument("--peak-repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3, help="timed updates per case, each on its own draw of lengths")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="also print each case's top N operators by self CPU time (torch.profiler, an extra update)")
     p.add_argument("--entropy-coef", type=float, default=0.0, help="GRPOLoss.entropy_coef")
     p.add_argument("--temperature", type=float, default=1.0, help="the temperature the loss scores at")
     p.add_argument("--quick", action="store_true", help="smoke test: " + json.dumps(QUICK))

@@ -21,7 +21,7 @@ majority label a TTRL/EVOL-RL group votes for is right.
 ``summary`` reads the TensorBoard event files: held-out pass@1, pass@16, maj@16 before training and at the last
 evaluation, the step the collapse monitor flagged (``CollapseMonitor`` in configs/study.yaml; how many runs had one),
 and the training curves' means over the first and the last ``--tail`` steps (entropy, response length, majority
-ratio, label accuracy), each as mean +- sd over the seeds; then ``tools/plot_dynamics.py`` draws the curves (mean over seeds,
+ratio, label accuracy) and the median step, reward and update times, each as mean +- sd over the seeds; then ``tools/plot_dynamics.py`` draws the curves (mean over seeds,
 min-max band).
 """
 
@@ -66,6 +66,7 @@ CANDIDATES = {
 """Candidate tasks for ``probe``: ``AdditionPrompts`` settings."""
 FINAL = ("pass@1", "pass@16", "maj@16")
 TRAIN = ("entropy", "response_length", "majority_ratio", "label_accuracy")
+TIMES = ("step", "reward", "update")
 
 
 def fit(configs: list[str], out: Path, env: dict) -> int:
@@ -132,6 +133,10 @@ def run_numbers(directory: Path, tail: int) -> dict[str, float]:
             numbers["last evaluation step"] = points[-1][0]
     collapse = scalars.get("collapse/step", [])
     numbers["collapse step (runs that collapsed)"] = collapse[0][1] if collapse else math.nan
+    for part in TIMES:
+        points = scalars.get(f"time/{part}", [])
+        if points:
+            numbers[f"time/{part} median s"] = statistics.median(v for _, v in points)
     for name in TRAIN:
         points = scalars.get(f"train/{name}", [])
         if points:
