@@ -14,6 +14,7 @@ A reward's ``[P, V]`` contract holds: a response that was not trained on was not
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -83,6 +84,6 @@ class PolicyReward(AnswerReward):
                         name: scored},
         )
 
+    @abstractmethod
     def score(self, policy: PolicySignal) -> tuple[Tensor, str]:
         """``([P, G] rewards of the trained responses, component name)``."""
-        raise NotImplementedError

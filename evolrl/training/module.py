@@ -8,7 +8,10 @@ Non-obvious decisions:
   mini-batch before the micro-batch loop, so the micro-batch split does not change the math.
 * ``old_logprobs`` are recomputed with the policy before the update, not taken from
   the sampler (vLLM's bf16 kernels differ from the trainer's numerics). The first
-  mini-batch takes them from its own forward pass (the policy has not moved yet).
+  mini-batch takes them from its own forward pass (the policy has not moved yet), unless a reward
+  that reads the policy made a pass over the sequences already (``scoring.py``): then all come from it.
+* Under bf16-mixed Lightning wraps the whole step, optimizer steps included, in one autocast; the
+  update clears autocast's cache of bf16 weight copies after every optimizer step.
 * A reference model exists only when ``kl_coef > 0``. The policy's weights stay in ``dtype`` (float32) under bf16
   precision; only copies are bf16 (the reference, FSDP's all-gathered compute copies): see ``build.py``.
 * Rollouts are sampled inside ``training_step`` (``RolloutRequest.sample``), after the
@@ -216,10 +219,8 @@ class EvolRLModule(L.LightningModule):
             "lr": self.lr_schedulers().get_last_lr()[0],
             "skipped_steps": float(self.update.skipped_steps),
         }
-        # reward: the policy pass included, for a reward that reads the policy
         timing = {"step": t4 - t0, "sample": t1 - t0, "reward": t2 - t1, "update": t3 - t2, "sync": t4 - t3}
-        # Entropy, lengths and the label-free diagnostics are logged by the callbacks (evolrl.callbacks),
-        # which read this step's output.
+        # Entropy, lengths and the label-free diagnostics: the callbacks (evolrl.callbacks) read the output.
         logged = {k if "/" in k else f"train/{k}": v for k, v in stats.items() if k != "entropy"}  # mismatch/* as is
         self.log_dict(logged, on_step=True, batch_size=len(seqs))
         self.log_dict({f"time/{k}": v for k, v in timing.items()}, on_step=True, batch_size=len(seqs))
