@@ -21,8 +21,9 @@ majority label a TTRL/EVOL-RL group votes for is right.
 ``summary`` reads the TensorBoard event files: held-out pass@1, pass@16, maj@16 before training and at the last
 evaluation, the step the collapse monitor flagged (``CollapseMonitor`` in configs/study.yaml; how many runs had one),
 and the training curves' means over the first and the last ``--tail`` steps (entropy, response length, majority
-ratio, label accuracy) and the median step, reward and update times, each as mean +- sd over the seeds; then ``tools/plot_dynamics.py`` draws the curves (mean over seeds,
-min-max band).
+ratio, label accuracy) and the median step, reward and update times, each as mean +- sd over the seeds; the same
+held-out metrics at every evaluation step; the last sampled responses each method's first seed logged; then
+``tools/plot_dynamics.py`` draws the curves (mean over seeds, min-max band).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 from plot_dynamics import plot, read_scalars
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 BASE = ["configs/demo.yaml", "configs/study.yaml"]
 METHODS = {
@@ -67,6 +69,7 @@ CANDIDATES = {
 FINAL = ("pass@1", "pass@16", "maj@16")
 TRAIN = ("entropy", "response_length", "majority_ratio", "label_accuracy")
 TIMES = ("step", "reward", "update")
+SAMPLES = "train/samples/text_summary"
 
 
 def fit(configs: list[str], out: Path, env: dict) -> int:
@@ -122,9 +125,8 @@ def mean_sd(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} +- {sd:.3f}"
 
 
-def run_numbers(directory: Path, tail: int) -> dict[str, float]:
+def run_numbers(scalars: dict[str, list[tuple[int, float]]], tail: int) -> dict[str, float]:
     """Held-out metrics at the first and last evaluation, training curves over the last ``tail`` steps."""
-    scalars = read_scalars(directory)
     numbers = {}
     for name in FINAL:
         points = scalars.get(f"val/{EVAL_SET}/{name}", [])
@@ -145,10 +147,30 @@ def run_numbers(directory: Path, tail: int) -> dict[str, float]:
     return numbers
 
 
+def evaluations(scalars: dict[str, list[dict]], methods: list[str]) -> None:
+    """Held-out metrics at every evaluation step, mean +- sd over the seeds of each method."""
+    heads = [f"{METHODS[m][0]} {name}" for name in FINAL for m in methods]
+    print(f"| step | {' | '.join(heads)} |\n" + "|---" * (len(heads) + 1) + "|")
+    steps = sorted({s for runs in scalars.values() for run in runs for s, _ in run.get(f"val/{EVAL_SET}/pass@1", [])})
+    for step in steps:
+        cells = [mean_sd([dict(run[f"val/{EVAL_SET}/{name}"])[step] for run in scalars[m]
+                          if step in dict(run.get(f"val/{EVAL_SET}/{name}", []))]) for name in FINAL for m in methods]
+        print(f"| {step} | {' | '.join(cells)} |")
+
+
+def last_samples(directory: Path) -> str:
+    """The last table of sampled responses the run logged (``SampleLogger``, TensorBoard's text tab)."""
+    events = EventAccumulator(str(directory), size_guidance={"tensors": 0})
+    events.Reload()
+    logged = events.Tensors(SAMPLES) if SAMPLES in events.Tags()["tensors"] else []
+    return f"step {logged[-1].step}:\n{logged[-1].tensor_proto.string_val[0].decode()}" if logged else "(none logged)"
+
+
 def summary(a: argparse.Namespace) -> None:
     out = Path(a.out)
     runs = {m: sorted(p.parent for p in (out / m).glob("seed*/done.json")) for m in a.methods}
-    numbers = {m: [run_numbers(d, a.tail) for d in dirs] for m, dirs in runs.items()}
+    scalars = {m: [read_scalars(d) for d in dirs] for m, dirs in runs.items()}
+    numbers = {m: [run_numbers(s, a.tail) for s in runs_] for m, runs_ in scalars.items()}
     keys = [k for k in numbers[a.methods[0]][0]] if numbers[a.methods[0]] else []
     print(f"| metric | {' | '.join(f'{METHODS[m][0]} ({len(runs[m])} seeds)' for m in a.methods)} |")
     print("|---" * (len(a.methods) + 1) + "|")
@@ -156,7 +178,11 @@ def summary(a: argparse.Namespace) -> None:
         cells = [mean_sd([n[key] for n in numbers[m] if key in n]) for m in a.methods]
         print(f"| {key} | {' | '.join(cells)} |")
     minutes = [json.loads((d / "done.json").read_text())["seconds"] / 60 for dirs in runs.values() for d in dirs]
-    print(f"\n{len(minutes)} runs, {sum(minutes):.0f} min in all ({min(minutes):.1f} to {max(minutes):.1f} a run)")
+    print(f"\n{len(minutes)} runs, {sum(minutes):.0f} min in all ({min(minutes):.1f} to {max(minutes):.1f} a run)\n")
+    evaluations(scalars, a.methods)
+    for m in a.methods:
+        if runs[m]:
+            print(f"\n{METHODS[m][0]}, {runs[m][0].name}, the last sampled responses logged, {last_samples(runs[m][0])}")
     figure = plot([d for m in a.methods for d in runs[m]], [METHODS[m][0] for m in a.methods for _ in runs[m]],
                   Path(a.figure), EVAL_SET, pass_k=16)
     print(f"figure: {figure}")
