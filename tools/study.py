@@ -158,6 +158,23 @@ def evaluations(scalars: dict[str, list[dict]], methods: list[str]) -> None:
         print(f"| {step} | {' | '.join(cells)} |")
 
 
+def per_run(scalars: dict[str, list[dict]], runs: dict[str, list[Path]], tail: int) -> None:
+    """One row per run: held-out metrics at the last evaluation, training curves over the last ``tail`` steps, and
+    where the entropy bottomed out (the lowest mean over ``tail`` consecutive steps)."""
+    print("| run | pass@1 | pass@16 | entropy | response length | label accuracy | lowest entropy (from step) |\n"
+          + "|---" * 7 + "|")
+    for m, dirs in runs.items():
+        for directory, run in zip(dirs, scalars[m]):
+            n = run_numbers(run, tail)
+            entropy = [v for _, v in run.get("train/entropy", [])]
+            windows = [sum(entropy[i:i + tail]) / tail for i in range(len(entropy) - tail + 1)] or [math.nan]
+            low = min(range(len(windows)), key=windows.__getitem__)
+            print(f"| {METHODS[m][0]} {directory.name} | {n.get('pass@1 last', math.nan):.3f} "
+                  f"| {n.get('pass@16 last', math.nan):.3f} | {n.get(f'entropy last {tail}', math.nan):.2f} "
+                  f"| {n.get(f'response_length last {tail}', math.nan):.1f} "
+                  f"| {n.get(f'label_accuracy last {tail}', math.nan):.2f} | {windows[low]:.2f} ({low}) |")
+
+
 def last_samples(directory: Path) -> str:
     """The last table of sampled responses the run logged (``SampleLogger``, TensorBoard's text tab)."""
     events = EventAccumulator(str(directory), size_guidance={"tensors": 0})
@@ -179,6 +196,8 @@ def summary(a: argparse.Namespace) -> None:
         print(f"| {key} | {' | '.join(cells)} |")
     minutes = [json.loads((d / "done.json").read_text())["seconds"] / 60 for dirs in runs.values() for d in dirs]
     print(f"\n{len(minutes)} runs, {sum(minutes):.0f} min in all ({min(minutes):.1f} to {max(minutes):.1f} a run)\n")
+    per_run(scalars, runs, a.tail)
+    print()
     evaluations(scalars, a.methods)
     for m in a.methods:
         if runs[m]:
