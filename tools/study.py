@@ -5,6 +5,8 @@
     python tools/study.py summary          # the table at the last evaluation (mean +- sd) and docs/study.png
     python tools/study.py run --smoke      # 2 training steps of each method, one seed, one evaluation batch (CI)
     python tools/study.py run --methods self_certainty token_entropy semantic_entropy --seeds 0   # the others
+    python tools/study.py run --methods evol ttrl self_certainty token_entropy semantic_entropy --seeds 0 \
+        --steps 12 --out runs/family   # every method side by side at the demo's length (~6 min a run)
 
 A run is the CLI itself: ``python -m evolrl fit --config configs/demo.yaml --config configs/study.yaml`` plus the
 method's overlay (``METHODS``: none for EVOL-RL, ``configs/demo_ttrl.yaml`` for TTRL), plus a file this tool writes
@@ -80,13 +82,15 @@ def fit(configs: list[str], out: Path, env: dict) -> int:
         return subprocess.run(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
 
 
-def run_overlay(out: Path, method: str, seed: int, smoke: bool) -> dict:
+def run_overlay(out: Path, method: str, seed: int, smoke: bool, steps: int | None = None) -> dict:
     overlay = {
         "seed_everything": seed,
         "trainer": {"logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
                                "init_args": {"save_dir": str(out), "name": method, "version": f"seed{seed}"}}},
         "data": {"seed": seed},
     }
+    if steps is not None:  # a shorter run: evaluated before training, after every third of it and at its end
+        overlay["trainer"] |= {"limit_train_batches": steps, "val_check_interval": max(1, steps // 3)}
     if smoke:
         overlay["trainer"] |= {"limit_train_batches": 2, "val_check_interval": 2, "limit_val_batches": 1}
     return overlay
@@ -105,7 +109,7 @@ def run(a: argparse.Namespace) -> None:
                 shutil.rmtree(directory)
             directory.mkdir(parents=True)
             overlay = directory.parent / f"seed{seed}.yaml"
-            overlay.write_text(yaml.safe_dump(run_overlay(out, method, seed, a.smoke)))
+            overlay.write_text(yaml.safe_dump(run_overlay(out, method, seed, a.smoke, a.steps)))
             start = time.perf_counter()
             code = fit(BASE + METHODS[method][1] + [str(overlay)], directory, env)
             seconds = time.perf_counter() - start
@@ -251,9 +255,12 @@ def main() -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--out", default="runs/study", help="where the runs go")
     p.add_argument("--smoke", action="store_true", help="run: 2 steps, one evaluation batch")
+    p.add_argument("--steps", type=int, help="run: this many training steps instead of configs/study.yaml's 80")
     p.add_argument("--tail", type=int, default=10, help="summary: training curves averaged over this many steps")
     p.add_argument("--figure", default="docs/study.png", help="summary: where the figure goes")
     a = p.parse_args()
+    if a.steps is not None and a.steps < 1:
+        p.error(f"--steps {a.steps}: a run needs at least 1 training step")
     {"probe": probe, "run": run, "summary": summary}[a.command](a)
 
 

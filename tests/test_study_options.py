@@ -1,0 +1,30 @@
+"""tools/study.py's run overlay and its option checks (no training: tests/test_study.py runs the tool end to end)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+TOOL = Path(__file__).parent.parent / "tools" / "study.py"
+spec = importlib.util.spec_from_file_location("study", TOOL)
+study = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(study)
+
+
+def test_a_run_keeps_the_study_length_unless_steps_are_given():
+    overlay = study.run_overlay(Path("runs/x"), "ttrl", 2, smoke=False)
+    assert "limit_train_batches" not in overlay["trainer"]  # configs/study.yaml's 80 steps apply
+    assert overlay["seed_everything"] == 2 and overlay["data"] == {"seed": 2}
+    assert overlay["trainer"]["logger"]["init_args"] == {"save_dir": "runs/x", "name": "ttrl", "version": "seed2"}
+    short = study.run_overlay(Path("runs/x"), "evol", 0, smoke=False, steps=12)
+    assert short["trainer"]["limit_train_batches"] == 12 and short["trainer"]["val_check_interval"] == 4
+    assert study.run_overlay(Path("runs/x"), "evol", 0, smoke=False, steps=2)["trainer"]["val_check_interval"] == 1
+
+
+def test_steps_below_one_fail_at_start_naming_the_value():
+    result = subprocess.run([sys.executable, str(TOOL), "run", "--steps", "0", "--out", "/nonexistent"],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 2
+    assert "--steps 0: a run needs at least 1 training step" in result.stderr
