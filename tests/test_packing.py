@@ -20,6 +20,7 @@ from evolrl.training.forward import sequence_logprobs
 from evolrl.training.packing import check_packing, packed_logprobs
 from evolrl.training.plan import lockstep, micro_batch_plan, pass_tokens, token_budget_plan
 from evolrl.training.sequences import Sequences
+from evolrl.training.sequencewise_attention import SEQUENCEWISE_SDPA, use_sequencewise_attention
 from evolrl.training.update import GRPOLoss, GRPOUpdate
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -47,13 +48,26 @@ def policy(tiny_model):
     return load_policy(tiny_model)
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("attention", ["sdpa", SEQUENCEWISE_SDPA, "eager"])
 def test_packed_logprobs_entropy_and_gradients_equal_the_padded_path(tiny_model, attention):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation=attention)
-    seqs = sequences(model.config.vocab_size)
-    weights = torch.randn(seqs.response_mask.shape, generator=torch.Generator().manual_seed(1))
+    assert_packed_equals_padded(AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation=attention))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_sequencewise_attention_on_a_gpu_equals_the_padded_path(tiny_model):
+    """On CUDA each sequence's causal sdpa call runs without a mask (flash or memory-efficient kernels)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation=SEQUENCEWISE_SDPA).cuda()
+    assert_packed_equals_padded(model, "cuda")
+
+
+def assert_packed_equals_padded(model, device: str = "cpu") -> None:
+    seqs = sequences(model.config.vocab_size).to(device)
+    weights = torch.randn(seqs.response_mask.shape, generator=torch.Generator().manual_seed(1)).to(device)
     results = []
     for logprobs in (sequence_logprobs, packed_logprobs):
         model.zero_grad()
@@ -76,9 +90,9 @@ class FullCausalMask(nn.Module):
         super().__init__()
         self.model, self.config = model, model.config
 
-    def forward(self, input_ids, position_ids, use_cache, logits_to_keep):
+    def forward(self, input_ids, position_ids, use_cache, logits_to_keep, **kwargs):
         return self.model(input_ids=input_ids, position_ids=position_ids, use_cache=use_cache,
-                          logits_to_keep=logits_to_keep, attention_mask=torch.ones_like(input_ids))
+                          logits_to_keep=logits_to_keep, attention_mask=torch.ones_like(input_ids), **kwargs)
 
     def get_output_embeddings(self):
         return self.model.get_output_embeddings()
@@ -104,6 +118,43 @@ def test_packed_sequences_cannot_see_each_other(policy):
     odd = SimpleNamespace(config=SimpleNamespace(_attn_implementation="paged_attention"))
     with pytest.raises(SettingError, match=r"EvolRLModule.packed=True .*attention is 'paged_attention'"):
         check_packing(odd)
+
+
+def test_sequencewise_attention_keeps_packed_sequences_apart_without_the_mask(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation="sdpa")
+    seqs = sequences(model.config.vocab_size)
+    assert change_of_the_others(FullCausalMask(model), seqs) > 1e-2  # sdpa reads the (leaky) mask
+    use_sequencewise_attention(model)
+    assert model.config._attn_implementation == SEQUENCEWISE_SDPA
+    # one sdpa call per sequence: the mask is never read, so even a leaky one keeps the sequences apart
+    assert change_of_the_others(FullCausalMask(model), seqs) < 1e-6
+    with torch.no_grad():  # every other pass is sdpa with its mask: padded log-probs as before
+        torch.testing.assert_close(sequence_logprobs(model, seqs, 0.7, 16)[0],
+                                   sequence_logprobs(load_policy(tiny_model), seqs, 0.7, 16)[0], rtol=0, atol=0)
+    eager = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation="eager")
+    use_sequencewise_attention(eager)  # only sdpa is switched
+    assert eager.config._attn_implementation == "eager"
+
+
+def test_sequencewise_attention_keeps_sliding_windows(tiny_model):
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    vocab = AutoModelForCausalLM.from_pretrained(tiny_model).config.vocab_size
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, use_sliding_window=True,
+                         sliding_window=4, layer_types=["sliding_attention", "full_attention"], max_window_layers=0,
+                         attn_implementation=SEQUENCEWISE_SDPA)
+    model = Qwen3ForCausalLM(config)
+    seqs = sequences(vocab)
+    mask = seqs.response_mask
+    with torch.no_grad():  # sequences longer than the window: the sliding layer must still see only 4 keys
+        padded, packed = (logprobs(model, seqs, 1.0, 16)[0] for logprobs in (sequence_logprobs, packed_logprobs))
+        torch.testing.assert_close(packed[mask], padded[mask], rtol=1e-5, atol=1e-5)
+        model.config.sliding_window = 64  # the window matters here: a wider one gives other numbers
+        assert (sequence_logprobs(model, seqs, 1.0, 16)[0][mask] - padded[mask]).abs().max() > 1e-3
 
 
 def test_token_budget_plan_bins_each_mini_batch_under_the_budget():

@@ -151,9 +151,9 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
         from evolrl.training.allocator import keep_freed_memory
 
         keep_freed_memory()
-    policy, reference = build_models(model, Dtypes.resolve(precision, "float32"), kl_coef > 0,
-                                     gradient_checkpointing=gradient_checkpointing)
     packed = path == "packed"
+    policy, reference = build_models(model, Dtypes.resolve(precision, "float32"), kl_coef > 0,
+                                     gradient_checkpointing=gradient_checkpointing, packed=packed)
     update = GRPOUpdate(GRPOLoss(kl_coef=kl_coef, entropy_coef=entropy_coef), mini_batch, micro_batch, chunk, 1.0,
                         max_tokens_per_micro_batch=budget if packed else None, packed=packed)
     optimizer, scheduler = build_optimizer(list(policy.parameters()), Optimization(), 1000)

@@ -13,6 +13,8 @@ Non-obvious decisions:
   bf16's spacing near a typical weight (|w| ~ 1e-2: 2^-14 ~ 6e-5), so bf16 master weights would not move.
   Only copies are bf16: the reference (never updated) and, under FSDP, the all-gathered copies the forward and
   backward compute with (gradients are reduced in float32 into the float32 shards).
+* Packed runs (``packed=True``) switch sdpa models to ``sequencewise_attention.SEQUENCEWISE_SDPA`` (the packed
+  row's attention one sequence at a time; every other pass unchanged), before the reference is copied.
 * ``bf16-true`` is Lightning's "everything in bf16": its precision plugin casts the policy itself to bf16 after
   ``configure_model`` (master weights included); the paper configs use ``bf16-mixed``.
 """
@@ -28,6 +30,7 @@ from torch import nn
 
 from evolrl.distributed import broadcast_object, fill_from_rank0, shard
 from evolrl.models import empty_policy, load_policy, model_config
+from evolrl.training.sequencewise_attention import use_sequencewise_attention
 
 
 @dataclass
@@ -61,11 +64,12 @@ class Dtypes:
 
 
 def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, device: torch.device | None = None,
-                 gradient_checkpointing: bool = False, trust_remote_code: bool = False
+                 gradient_checkpointing: bool = False, trust_remote_code: bool = False, packed: bool = False
                  ) -> tuple[nn.Module, nn.Module | None]:
     """``(policy, reference or None)``: loaded whole without ``mesh``; else sharded over it and filled from rank 0."""
     if mesh is None:
-        policy = _trainable(load_policy(name, dtypes.policy, trust_remote_code), gradient_checkpointing)
+        policy = _trainable(_attention(load_policy(name, dtypes.policy, trust_remote_code), packed),
+                            gradient_checkpointing)
         reference = _frozen(copy.deepcopy(policy).to(getattr(torch, dtypes.reference))) if with_reference else None
         return policy, reference
     device = device or torch.device("cpu")
@@ -76,7 +80,7 @@ def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, dev
     compute = getattr(torch, dtypes.fsdp_param)
 
     def sharded(dtype: str, trainable: bool) -> nn.Module:
-        model = empty_policy(config, dtype, trust_remote_code)
+        model = _attention(empty_policy(config, dtype, trust_remote_code), packed)
         model.generation_config = generation_config  # the engines read the stop tokens from it
         model = _trainable(model, gradient_checkpointing) if trainable else _frozen(model)
         return fill_from_rank0(shard(model, mesh, compute), state, device)
@@ -84,6 +88,12 @@ def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, dev
     policy = sharded(dtypes.policy, trainable=True)
     reference = sharded(dtypes.reference, trainable=False) if with_reference else None
     return policy, reference
+
+
+def _attention(model: nn.Module, packed: bool) -> nn.Module:
+    if packed:
+        use_sequencewise_attention(model)
+    return model
 
 
 def _trainable(model: nn.Module, gradient_checkpointing: bool) -> nn.Module:

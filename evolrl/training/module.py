@@ -63,7 +63,8 @@ class EvolRLModule(L.LightningModule):
             most this many tokens (padded: rows x longest; packed: the row), a longer one alone; same math.
         packed: Each pass's sequences back to back in one row, without padding; ``fit`` refuses it at start
             (SettingError) for a model whose packed sequences would see each other (attention not sdpa, eager,
-            flash or flex, or a probe finds one sequence's log-probs depend on the previous one).
+            flash or flex, or a probe finds one sequence's log-probs depend on the previous one). An sdpa model
+            runs a packed row's attention one sequence at a time (``training/sequencewise_attention.py``).
         fused_head: The LM head applied chunk by chunk inside the log-prob step, so the logits of a pass never exist
             whole; ``fit`` refuses it at start (SettingError) for a model whose output layer is not a plain Linear
             or whose logits are not that layer's output unchanged (e.g. soft-capped): set it to false there.
@@ -158,7 +159,7 @@ class EvolRLModule(L.LightningModule):
         self.policy, reference = build_models(
             self.model_name, dtypes, with_reference=self.update.loss.kl_coef > 0, mesh=mesh,
             device=self.trainer.strategy.root_device, gradient_checkpointing=self.gradient_checkpointing,
-            trust_remote_code=self.trust_remote_code)
+            trust_remote_code=self.trust_remote_code, packed=self.update.packed)
         self.reference = Frozen(reference) if reference is not None else None
 
     def configure_optimizers(self):

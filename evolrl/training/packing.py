@@ -13,6 +13,9 @@ Non-obvious decisions:
 * Whether a model keeps packed sequences apart is checked once, at start, by :func:`check_packing`: the name of
   its attention implementation, then a probe (a sequence's log-probs must not depend on the tokens before it in
   the row), which also catches what a name cannot (layers with recurrent state, custom attention code).
+* Under sdpa that mask's every block is computed (S² per row of S tokens): a model switched to
+  ``sequencewise_attention.SEQUENCEWISE_SDPA`` (packed runs are, ``build.build_models``) gets the row's sequence
+  lengths and runs its attention one sequence at a time (the sum of s² per row), the same numbers.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from torch import Tensor
 from evolrl.settings import require
 from evolrl.training.forward import model_logprobs, takes_logits_to_keep
 from evolrl.training.sequences import Sequences
+from evolrl.training.sequencewise_attention import SEQUENCEWISE_SDPA, is_sequencewise
 
-PACKED_ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention")
+PACKED_ATTENTION = ("sdpa", SEQUENCEWISE_SDPA, "eager", "flash_attention_2", "flash_attention_3", "flash_attention_4",
+                    "flex_attention")
 """``config._attn_implementation`` values under which transformers separates packed sequences."""
 
 
@@ -47,6 +52,8 @@ def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int,
     at = starts[rows] + cols  # [K] positions in the row whose next token is scored
     keep = {"logits_to_keep": at} if takes_logits_to_keep(model) else {}
     inputs = {"input_ids": ids, "position_ids": positions[None], "use_cache": False, **keep}
+    if is_sequencewise(model):
+        inputs["packed_lengths"] = tuple(n for n in lengths.tolist() if n)
     scores = model_logprobs(model, inputs, (lambda out: out) if keep else (lambda out: out[:, at]), ids[:, at + 1],
                             temperature, chunk_size, fused_head, vocab_mean)  # each [1, K]
 

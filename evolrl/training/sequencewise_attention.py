@@ -1,0 +1,56 @@
+"""sdpa over a packed row one sequence at a time: a packed pass's attention without the row-wide mask's work.
+
+transformers keeps packed sequences apart under sdpa with a block-diagonal ``[S, S]`` mask and then computes every
+block of it, so a row of S tokens costs S² attention whatever its sequences' lengths (there is no varlen sdpa
+kernel; flash-attention's varlen kernels exist on GPUs only). :data:`SEQUENCEWISE_SDPA` is transformers' sdpa,
+registered under its own name, with one difference: given the packed row's sequence lengths (``packed_lengths``, a
+keyword the model's forward hands down to every attention call), each sequence's queries attend only to its own
+keys, causally, so the work is the sum of the sequences' s² and no mask is read. Every other call (padded passes,
+evaluation, generation, and the layers of a packed pass that attend within a sliding window, whose mask is more than
+block-diagonal) is transformers' sdpa with transformers' sdpa mask, unchanged.
+
+:func:`use_sequencewise_attention` switches a model from ``sdpa`` to it; ``build.build_models`` does so for packed
+runs (``EvolRLModule.packed``), and ``packing.packed_logprobs`` passes the lengths. transformers still builds the
+block-diagonal mask once per forward (booleans, ``S²`` bytes); the attention layers do not read it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+SEQUENCEWISE_SDPA = "evolrl_sequencewise_sdpa"
+
+
+def sequencewise_sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                      *args, packed_lengths: tuple[int, ...] | None = None, **kwargs) -> tuple[Tensor, None]:
+    """transformers' sdpa; with ``packed_lengths`` (one row, ``[1, heads, sum(lengths), dim]``), one causal sdpa
+    call per sequence, without the mask, concatenated: ``[1, sum(lengths), heads, dim]``."""
+    if packed_lengths is None or kwargs.get("sliding_window") is not None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
+    if query.shape[0] != 1 or query.shape[2] != sum(packed_lengths) or key.shape[2] != query.shape[2]:
+        raise ValueError(f"packed_lengths {list(packed_lengths)} need one row of {sum(packed_lengths)} queries and "
+                         f"keys (a pass without a KV cache); got queries {tuple(query.shape)}, keys {tuple(key.shape)}")
+    kwargs["is_causal"] = True
+    parts = [sdpa_attention_forward(module, q, k, v, None, *args, **kwargs)[0]
+             for q, k, v in zip(*(x.split(packed_lengths, dim=2) for x in (query, key, value)))]
+    return torch.cat(parts, dim=1), None
+
+
+AttentionInterface.register(SEQUENCEWISE_SDPA, sequencewise_sdpa)
+ALL_MASK_ATTENTION_FUNCTIONS.register(SEQUENCEWISE_SDPA, sdpa_mask)
+
+
+def use_sequencewise_attention(model: nn.Module) -> None:
+    """Switch ``model`` (and the models inside it) from ``sdpa`` to :data:`SEQUENCEWISE_SDPA`; any other attention
+    implementation (flash-attention's varlen kernels, eager, flex) is left as it is."""
+    if getattr(model.config, "_attn_implementation", None) == "sdpa":
+        model.set_attn_implementation(SEQUENCEWISE_SDPA)
+
+
+def is_sequencewise(model: nn.Module) -> bool:
+    """Whether ``model``'s packed passes should hand their sequence lengths to the attention layers."""
+    return getattr(model.config, "_attn_implementation", None) == SEQUENCEWISE_SDPA
