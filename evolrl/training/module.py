@@ -61,10 +61,9 @@ class EvolRLModule(L.LightningModule):
         micro_batch_size: Sequences per forward/backward pass (at most ``mini_batch_size``), unless a token budget.
         max_tokens_per_micro_batch: Instead of ``micro_batch_size``, bin each mini-batch's sequences into passes of at
             most this many tokens (padded: rows x longest; packed: the row), a longer one alone; same math.
-        packed: Each pass's sequences back to back in one row, without padding; ``fit`` refuses it at start
-            (SettingError) for a model whose packed sequences would see each other (attention not sdpa, eager,
-            flash or flex, or a probe finds one sequence's log-probs depend on the previous one). An sdpa model
-            runs a packed row's attention one sequence at a time (``training/sequencewise_attention.py``).
+        packed: Each pass's sequences back to back in one row, without padding (under sdpa, attention one sequence
+            at a time: ``sequencewise_attention.py``); ``fit`` refuses it at start (SettingError) for a model whose
+            packed sequences would see each other (attention not sdpa, eager, flash or flex, or a probe sees it).
         fused_head: The LM head applied chunk by chunk inside the log-prob step, so the logits of a pass never exist
             whole; ``fit`` refuses it at start (SettingError) for a model whose output layer is not a plain Linear
             or whose logits are not that layer's output unchanged (e.g. soft-capped): set it to false there.
