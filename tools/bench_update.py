@@ -20,14 +20,16 @@ the module does: ``build_models`` (float32 master weights; GRPOLoss's EVOL-RL de
 reference, bf16 under bf16, and a reference pass), ``build_optimizer`` (fused AdamW), ``torch.autocast('cpu',
 bfloat16)`` as Lightning's ``bf16-mixed``, gradient checkpointing on (off with ``--demo``, as configs/demo.yaml).
 
-Each (model, distribution, path) runs in two fresh processes: load, a warm-up update on two short sequences (prompt +
-16 tokens: AdamW state allocated), then measured updates. Time: ``--repeats`` updates, each on its own draw of
+Each (model, distribution, path) runs in two fresh processes: load, a warm-up update, then measured updates. Time:
+after a warm-up update on a draw of its own (seed ``--seed`` - 1: AdamW state allocated, the allocator's heap grown
+and its pages touched, as in any training step after the first), ``--repeats`` updates, each on its own draw of
 lengths from the distribution (seeds ``--seed``, ``--seed`` + 1, ...; new shapes every time, as in training, so
 kernel selection for a new shape is part of it), their median, with tokens/s and FLOP/s over all of them; under the
 allocator as the trainer sets it on a CPU (``--allocator
 trainer``, ``evolrl/training/allocator.py``: freed buffers kept for reuse) or glibc's default (``--allocator
 default``). Peak memory, from the other process: VmHWM during that update (reset just before it through
-/proc/self/clear_refs), as is ("abs") and minus the resident set just before it ("update"), with
+/proc/self/clear_refs), after a warm-up update on two short sequences (prompt + 16 tokens: AdamW state allocated),
+as is ("abs") and minus the resident set just before it ("update"), with
 MALLOC_MMAP_THRESHOLD_=1MiB so that freed tensors leave the resident set and the peak is that of live tensors
 (tools/bench_logprobs.py), for the first draw; passes and padding are the first draw's too. Padding: pad tokens /
 tokens the plan's passes compute. Tokens/s: real (prompt + response) tokens / update time.
@@ -38,7 +40,9 @@ positions only, as the update does; the embedding lookup is not counted), L laye
 head_dim). A no-grad forward: 2 N_b s + 2 N_h r + 2 L a s(s+1) (causal: s(s+1)/2 query-key pairs, QK^T and AV, 2
 FLOPs each); training (forward + backward) three times that; old log-probs (mini-batches after the first) and the
 reference one no-grad forward each. MFU against this machine's matmul peak, measured in the same invocation (best of
-several square matmuls, bf16 and fp32, same threads).
+several square matmuls, bf16 and fp32, same threads). "block mm GFLOP/s": the model's own block matmuls alone, at the
+first draw's mean pass size (tokens per pass), forward and both backward products, each layer's weight in turn (cold
+caches, as in a pass): the rate the update's matmuls could reach at these shapes, a ceiling on its MFU.
 
 ``--demo``: the update of configs/demo.yaml: 32 sequences (4 prompts x 8 trained), a 48-token prompt (an addition in
 SmolLM2's chat template) + a response uniform over [16, 48] tokens (48 new tokens at most), mini-batches of 16,
@@ -137,7 +141,7 @@ def update_flops(w: dict[str, int], lengths: list[int], prompt: int, mini_batch:
 def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: str, mini_batch: int,
              micro_batch: int, budget: int, precision: str, gradient_checkpointing: bool, kl_coef: float,
              entropy_coef: float, temperature: float, chunk: int, threads: int, allocator: str,
-             profile: int = 0) -> dict:
+             warmup: list[int] | None = None, profile: int = 0) -> dict:
     """One update per draw of sequence lengths, measured, in this (fresh) process."""
     import torch
 
@@ -162,7 +166,7 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
             update(policy, reference, part, temperature, optimizer, scheduler)
 
-    step(make_sequences([prompt + 16] * 2, prompt, policy.config.vocab_size, seed + 1))  # warm-up
+    step(make_sequences(warmup or [prompt + 16] * 2, prompt, policy.config.vocab_size, seed + 1))  # warm-up
     w = counted_weights(policy)
     measured = []
     for i, lengths in enumerate(draws):
@@ -178,7 +182,10 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
         measured.append({"seconds": seconds, "update_mib": peak - before, "abs_mib": peak, "real": sum(lengths),
                          "computed": sum(passes), "passes": len(passes), "largest": max(passes),
                          "flops": update_flops(w, lengths, prompt, mini_batch, kl_coef > 0)})
-    out = {"draws": measured, "weights": w}
+    first = measured[0]
+    out = {"draws": measured, "weights": w,
+           "block_mm": block_matmul_rate(policy, round(first["computed"] / first["passes"]),
+                                         torch.bfloat16 if precision == "bf16-mixed" else torch.float32)}
     if profile:  # one more update on the first draw, under the profiler (not timed)
         from torch.profiler import ProfilerActivity
         from torch.profiler import profile as profiler
@@ -188,6 +195,27 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
         out["profile"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=profile,
                                                    max_name_column_width=40)
     return out
+
+
+def block_matmul_rate(policy, tokens: int, dtype) -> float:
+    """FLOP/s of the model's own block matmuls alone at ``tokens`` rows: for every linear layer but the head, in order
+    (each its own weight, as a pass meets them), the forward product and the backward's two (input and weight
+    gradients), in ``dtype``; twice, the second timed. The most the update's block matmuls could reach here."""
+    import torch
+    from torch import nn
+
+    head = policy.get_output_embeddings()
+    weights = [m.weight.detach().to(dtype) for m in policy.modules() if isinstance(m, nn.Linear) and m is not head]
+    flops, seconds = 0.0, 0.0
+    for timed in (False, True):
+        for wt in weights:
+            x, g = torch.randn(tokens, wt.shape[1], dtype=dtype), torch.randn(tokens, wt.shape[0], dtype=dtype)
+            start = time.perf_counter()
+            x @ wt.T, g @ wt, g.T @ x
+            if timed:
+                seconds += time.perf_counter() - start
+                flops += 3 * 2 * tokens * wt.numel()
+    return flops / seconds
 
 
 def matmul_peak(dtype: str, size: int, repeats: int) -> float:
@@ -203,14 +231,16 @@ def matmul_peak(dtype: str, size: int, repeats: int) -> float:
     return 2 * size**3 / min(times[1:])
 
 
-def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str) -> dict:
-    """Over ``draws``: the median update time under ``a.allocator``, tokens/s and FLOP/s over all of them; from a
-    second process, the first draw's peak memory of live tensors, passes and padding."""
+def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str,
+            warmup: list[int] | None = None) -> dict:
+    """Over ``draws``, after an update on ``warmup``: the median update time under ``a.allocator``, tokens/s and FLOP/s
+    over all of them; from a second process, the first draw's peak memory of live tensors, passes and padding."""
     case = {"model": model, "path": path} | {k: getattr(a, k) for k in CASE}
     runs = {}
     for purpose, allocator, env, its in (("time", a.allocator, {}, draws),
                                          ("memory", "live", {"MALLOC_MMAP_THRESHOLD_": str(2**20)}, draws[:1])):
-        spec = case | {"allocator": allocator, "draws": its, "profile": a.profile if purpose == "time" else 0}
+        spec = case | {"allocator": allocator, "draws": its, "warmup": warmup if purpose == "time" else None,
+                       "profile": a.profile if purpose == "time" else 0}
         out = subprocess.run([sys.executable, __file__, "--case", json.dumps(spec)], check=False, capture_output=True,
                              text=True, env={**os.environ, **env})
         if out.returncode:
@@ -222,7 +252,8 @@ def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str
               + runs["time"]["profile"], flush=True)
     seconds = sum(d["seconds"] for d in timed)
     return runs["memory"]["draws"][0] | {
-        "weights": runs["time"]["weights"], "seconds": statistics.median(d["seconds"] for d in timed),
+        "weights": runs["time"]["weights"], "block_mm": runs["time"]["block_mm"],
+        "seconds": statistics.median(d["seconds"] for d in timed),
         "tokens_s": sum(d["real"] for d in timed) / seconds, "flops_s": sum(d["flops"] for d in timed) / seconds}
 
 
@@ -235,14 +266,15 @@ def ratio(x: float, y: float) -> str:
 
 
 HEAD = ["distribution", "path", "passes", "largest pass", "padding", "update s", "tokens/s", "peak MiB (update)",
-        "peak MiB (abs)", "GFLOP/s", "MFU bf16", "MFU fp32"]
+        "peak MiB (abs)", "GFLOP/s", "MFU bf16", "MFU fp32", "block mm GFLOP/s"]
 
 
 def result_row(name: str, path: str, m: dict, peaks: dict[str, float]) -> str:
     rate = m["flops_s"]
     return row([name, path, m["passes"], m["largest"], f"{1 - m['real'] / m['computed']:.3f}", f"{m['seconds']:.2f}",
                 f"{m['tokens_s']:.0f}", f"{m['update_mib']:.0f}", f"{m['abs_mib']:.0f}",
-                f"{rate / 1e9:.3g}", f"{rate / peaks['bfloat16']:.3g}", f"{rate / peaks['float32']:.3g}"])
+                f"{rate / 1e9:.3g}", f"{rate / peaks['bfloat16']:.3g}", f"{rate / peaks['float32']:.3g}",
+                f"{m['block_mm'] / 1e9:.0f}"])
 
 
 def memory_check(a: argparse.Namespace, model: str, heavy: list[int]) -> None:
@@ -326,6 +358,8 @@ def main() -> None:
           f"fp32 {peaks['float32'] / 1e9:.1f} GFLOP/s")
     steps = {d: [responses(d, a.sequences, a.median, a.sigma, a.cap, a.seed + i) for i in range(a.repeats)]
              for d in a.dists}
+    warmups = {d: [a.prompt + x for x in responses(d, a.sequences, a.median, a.sigma, a.cap, a.seed - 1)]
+               for d in a.dists}
     for d, draws in steps.items():
         for i, r in enumerate(draws):
             print(f"{d}, draw {i}: responses mean {sum(r) / len(r):.0f}, median {sorted(r)[len(r) // 2]}, max "
@@ -341,7 +375,7 @@ def main() -> None:
             results = {}
             for d, draws in steps.items():
                 for path in ("padded", "packed"):
-                    results[d, path] = measure(a, model, [[a.prompt + x for x in r] for r in draws], path)
+                    results[d, path] = measure(a, model, [[a.prompt + x for x in r] for r in draws], path, warmups[d])
                     print(result_row(d, path, results[d, path], peaks), flush=True)
             w = results[d, path]["weights"]
             print(f"FLOPs counted with N_b {w['blocks']:,}, N_h {w['head']:,}, L {w['layers']}, a {w['width']}")
