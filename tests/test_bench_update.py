@@ -1,4 +1,5 @@
-"""tools/bench_update.py --quick runs end to end (tiny model, padded and packed update); timings are not asserted."""
+"""tools/bench_update.py --quick --profile 5 runs end to end (tiny model, padded and packed update); timings are not
+asserted."""
 
 from __future__ import annotations
 
@@ -11,16 +12,19 @@ from pathlib import Path
 
 def test_bench_update_quick_prints_both_paths_and_the_memory_check():
     tool = Path(__file__).parent.parent / "tools" / "bench_update.py"
-    result = subprocess.run([sys.executable, str(tool), "--quick"], check=False, capture_output=True, text=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
+    result = subprocess.run([sys.executable, str(tool), "--quick", "--profile", "5"], check=False,
+                            capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {m.group(1): m.group(2).split(" | ")
             for m in re.finditer(r"^\| heavy \| (padded|packed) \| (.+) \|$", result.stdout, re.MULTILINE)}
     assert set(rows) == {"padded", "packed"}, result.stdout
     for path, cells in rows.items():
-        passes, largest, padding, seconds, tokens_s, *_, gflops, mfu_bf16, mfu_fp32 = (float(c) for c in cells)
-        assert min(passes, largest, seconds, tokens_s, gflops, mfu_bf16, mfu_fp32) > 0
+        passes, largest, padding, seconds, tokens_s, *_, gflops, mfu_bf16, mfu_fp32, block_mm = map(float, cells)
+        assert min(passes, largest, seconds, tokens_s, gflops, mfu_bf16, mfu_fp32, block_mm) > 0
         assert (padding == 0) == (path == "packed"), (path, padding)  # padded: the heavy tail pads the short rows
     assert re.search(r"heavy, packed / padded: time [\d.]+x, peak \(update\) [\d.]+x", result.stdout)
     assert re.search(r"^2L / L: peak \(update\) [\d.]+x", result.stdout, re.MULTILINE)
+    # --profile: an extra update with its operators timed; the top 5 include the matmuls
+    assert len(re.findall(r"^where the time goes, (padded|packed) on ", result.stdout, re.MULTILINE)) == 2
+    assert re.search(r"^\| mm \| \d+ \| [\d.]+ \| [\d.]+% \|$", result.stdout, re.MULTILINE), result.stdout
     assert re.search(r"matmul peak \(\d+\^3, best of \d+\): bf16 [\d.]+ GFLOP/s, fp32 [\d.]+ GFLOP/s", result.stdout)

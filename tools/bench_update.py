@@ -4,7 +4,7 @@
     python tools/bench_update.py --models tiny      # about a minute
     python tools/bench_update.py --quick            # smoke test (~30 s): tiny model, heavy tail, short sequences
     python tools/bench_update.py --demo             # SmolLM2-135M at configs/demo.yaml's update (~5 min)
-    python tools/bench_update.py --demo --profile 15    # ... and where its time goes (torch.profiler, top 15 ops)
+    python tools/bench_update.py --demo --profile 15    # ... and where its time goes (the top 15 aten operators)
     python tools/bench_update.py --precision 32-true --no-gradient-checkpointing --kl-coef 0
 
 A scale model of the paper's update (configs/paper: 256 sequences per step, mini-batches of 32, packed passes of at
@@ -186,15 +186,41 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
     out = {"draws": measured, "weights": w,
            "block_mm": block_matmul_rate(policy, round(first["computed"] / first["passes"]),
                                          torch.bfloat16 if precision == "bf16-mixed" else torch.float32)}
-    if profile:  # one more update on the first draw, under the profiler (not timed)
-        from torch.profiler import ProfilerActivity
-        from torch.profiler import profile as profiler
-
-        with profiler(activities=[ProfilerActivity.CPU]) as prof:
-            step(make_sequences(draws[0], prompt, policy.config.vocab_size, seed + 2))
-        out["profile"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=profile,
-                                                   max_name_column_width=40)
+    if profile:  # one more update on the first draw, each operator timed (not in the update's time)
+        out["profile"] = operator_times(lambda: step(make_sequences(draws[0], prompt, policy.config.vocab_size,
+                                                                    seed + 2)), profile)
     return out
+
+
+def operator_times(run, top: int) -> str:
+    """A table of the ``top`` aten operators by wall time spent in them during ``run()``. Each call is timed by a
+    ``TorchDispatchMode`` around it (forward and backward alike; on a CPU a call's work is done when it returns).
+    Not torch.profiler: its event recording made the large memory-bound operators ([V, H] fills and casts) take 10x
+    their time here."""
+    from collections import defaultdict
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    totals: dict[str, list] = defaultdict(lambda: [0, 0.0])
+
+    class Timed(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            start = time.perf_counter()
+            result = func(*args, **(kwargs or {}))
+            entry = totals[func.overloadpacket.__name__]
+            entry[0] += 1
+            entry[1] += time.perf_counter() - start
+            return result
+
+    start = time.perf_counter()
+    with Timed():
+        run()
+    wall, inside = time.perf_counter() - start, sum(t for _, t in totals.values())
+    lines = [f"{wall:.2f} s with every operator timed, {inside:.2f} s of it inside aten operators", "",
+             row(["operator", "calls", "s", "of the update"]), row(["---"] * 4)]
+    for name, (calls, seconds) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]:
+        lines.append(row([name, calls, f"{seconds:.3f}", f"{seconds / wall:.1%}"]))
+    return "\n".join(lines)
 
 
 def block_matmul_rate(policy, tokens: int, dtype) -> float:
@@ -248,7 +274,7 @@ def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str
         runs[purpose] = json.loads(out.stdout.strip().splitlines()[-1])
     timed = runs["time"]["draws"]
     if "profile" in runs["time"]:
-        print(f"\nprofile of {path} on {model} (an extra update on draw 0, top {a.profile} by self CPU time):\n"
+        print(f"\nwhere the time goes, {path} on {model} (an extra update on draw 0, top {a.profile} operators):\n"
               + runs["time"]["profile"], flush=True)
     seconds = sum(d["seconds"] for d in timed)
     return runs["memory"]["draws"][0] | {
@@ -328,7 +354,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3, help="timed updates per case, each on its own draw of lengths")
     p.add_argument("--profile", type=int, default=0, metavar="N",
-                   help="also print each case's top N operators by self CPU time (torch.profiler, an extra update)")
+                   help="also print each case's top N aten operators by time spent in them (an extra update)")
     p.add_argument("--entropy-coef", type=float, default=0.0, help="GRPOLoss.entropy_coef")
     p.add_argument("--temperature", type=float, default=1.0, help="the temperature the loss scores at")
     p.add_argument("--quick", action="store_true", help="smoke test: " + json.dumps(QUICK))
@@ -352,8 +378,8 @@ def main() -> None:
           f"{'on' if a.gradient_checkpointing else 'off'}, kl_coef {a.kl_coef} "
           f"({'with' if a.kl_coef > 0 else 'no'} reference pass), entropy_coef {a.entropy_coef}, temperature "
           f"{a.temperature}; {a.threads} threads, allocator {a.allocator}; per case two fresh processes (time: median "
-          f"of {a.repeats} updates on their own draws; peak memory of live tensors: the first draw), each after a "
-          "warm-up update on two short sequences")
+          f"of {a.repeats} updates on their own draws, after a warm-up update on another; peak memory of live "
+          "tensors: the first draw, after a warm-up update on two short sequences)")
     print(f"matmul peak ({a.peak_size}^3, best of {a.peak_repeats}): bf16 {peaks['bfloat16'] / 1e9:.1f} GFLOP/s, "
           f"fp32 {peaks['float32'] / 1e9:.1f} GFLOP/s")
     steps = {d: [responses(d, a.sequences, a.median, a.sigma, a.cap, a.seed + i) for i in range(a.repeats)]
