@@ -318,7 +318,8 @@ def memory_check(a: argparse.Namespace, model: str, heavy: list[int]) -> None:
     runs, lengths_of = [], []
     for response in (a.check_longest, 2 * a.check_longest):
         lengths_of.append([a.prompt + r for r in capped[:longest] + [response] + capped[longest + 1 :]])
-        m = measure(argparse.Namespace(**{**vars(a), "budget": budget}), model, lengths_of[-1:], "packed")
+        m = measure(argparse.Namespace(**{**vars(a), "budget": budget, "profile": 0}), model, lengths_of[-1:],
+                    "packed")
         runs.append(m)
         print(row([response, m["real"], m["passes"], m["largest"], f"{m['seconds']:.2f}", f"{m['update_mib']:.0f}",
                    f"{m['abs_mib']:.0f}"]), flush=True)
