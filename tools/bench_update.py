@@ -141,7 +141,7 @@ def update_flops(w: dict[str, int], lengths: list[int], prompt: int, mini_batch:
 def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: str, mini_batch: int,
              micro_batch: int, budget: int, precision: str, gradient_checkpointing: bool, kl_coef: float,
              entropy_coef: float, temperature: float, chunk: int, threads: int, allocator: str,
-             warmup: list[int] | None = None, profile: int = 0) -> dict:
+             warmup: list[int] | None = None, ceiling: bool = False, profile: int = 0) -> dict:
     """One update per draw of sequence lengths, measured, in this (fresh) process."""
     import torch
 
@@ -182,10 +182,11 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
         measured.append({"seconds": seconds, "update_mib": peak - before, "abs_mib": peak, "real": sum(lengths),
                          "computed": sum(passes), "passes": len(passes), "largest": max(passes),
                          "flops": update_flops(w, lengths, prompt, mini_batch, kl_coef > 0)})
-    first = measured[0]
-    out = {"draws": measured, "weights": w,
-           "block_mm": block_matmul_rate(policy, round(first["computed"] / first["passes"]),
-                                         torch.bfloat16 if precision == "bf16-mixed" else torch.float32)}
+    out = {"draws": measured, "weights": w}
+    if ceiling:  # the block matmuls alone at the first draw's mean pass size
+        first = measured[0]
+        out["block_mm"] = block_matmul_rate(policy, round(first["computed"] / first["passes"]),
+                                            torch.bfloat16 if precision == "bf16-mixed" else torch.float32)
     if profile:  # one more update on the first draw, each operator timed (not in the update's time)
         out["profile"] = operator_times(lambda: step(make_sequences(draws[0], prompt, policy.config.vocab_size,
                                                                     seed + 2)), profile)
@@ -265,8 +266,9 @@ def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str
     runs = {}
     for purpose, allocator, env, its in (("time", a.allocator, {}, draws),
                                          ("memory", "live", {"MALLOC_MMAP_THRESHOLD_": str(2**20)}, draws[:1])):
-        spec = case | {"allocator": allocator, "draws": its, "warmup": warmup if purpose == "time" else None,
-                       "profile": a.profile if purpose == "time" else 0}
+        timing = purpose == "time"  # the memory process measures its peak only
+        spec = case | {"allocator": allocator, "draws": its, "warmup": warmup if timing else None, "ceiling": timing,
+                       "profile": a.profile if timing else 0}
         out = subprocess.run([sys.executable, __file__, "--case", json.dumps(spec)], check=False, capture_output=True,
                              text=True, env={**os.environ, **env})
         if out.returncode:
