@@ -1,5 +1,5 @@
-"""tools/bench_update.py --quick --profile 5 runs end to end (tiny model, padded and packed update); timings are not
-asserted."""
+"""tools/bench_update.py --quick --profile 5 --budget 192 runs end to end (tiny model, padded and packed update);
+timings are not asserted."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from pathlib import Path
 
 def test_bench_update_quick_prints_both_paths_and_the_memory_check():
     tool = Path(__file__).parent.parent / "tools" / "bench_update.py"
-    result = subprocess.run([sys.executable, str(tool), "--quick", "--profile", "5"], check=False,
+    result = subprocess.run([sys.executable, str(tool), "--quick", "--profile", "5", "--budget", "192"], check=False,
                             capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "packed: budget 192 tokens" in result.stdout  # a flag beside a preset overrides the preset's value
     rows = {m.group(1): m.group(2).split(" | ")
             for m in re.finditer(r"^\| heavy \| (padded|packed) \| (.+) \|$", result.stdout, re.MULTILINE)}
     assert set(rows) == {"padded", "packed"}, result.stdout
@@ -22,7 +23,8 @@ def test_bench_update_quick_prints_both_paths_and_the_memory_check():
         passes, largest, padding, seconds, tokens_s, *_, gflops, mfu_bf16, mfu_fp32, block_mm = map(float, cells)
         assert min(passes, largest, seconds, tokens_s, gflops, mfu_bf16, mfu_fp32, block_mm) > 0
         assert (padding == 0) == (path == "packed"), (path, padding)  # padded: the heavy tail pads the short rows
-    assert re.search(r"heavy, packed / padded: time [\d.]+x, peak \(update\) [\d.]+x", result.stdout)
+    assert re.search(r"heavy, packed / padded: time [\d.]+x, peak \(update\) [\d.]+x, peak \(abs\) [\d.]+x; "
+                     r"tokens computed 0\.\d+x", result.stdout)  # packed computes fewer tokens: no padding
     assert re.search(r"^2L / L: peak \(update\) [\d.]+x", result.stdout, re.MULTILINE)
     # --profile: an extra update with its operators timed; the top 5 include the matmuls
     assert len(re.findall(r"^where the time goes, (padded|packed) on ", result.stdout, re.MULTILINE)) == 2

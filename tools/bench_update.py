@@ -282,7 +282,8 @@ def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str
     return runs["memory"]["draws"][0] | {
         "weights": runs["time"]["weights"], "block_mm": runs["time"]["block_mm"],
         "seconds": statistics.median(d["seconds"] for d in timed),
-        "tokens_s": sum(d["real"] for d in timed) / seconds, "flops_s": sum(d["flops"] for d in timed) / seconds}
+        "tokens_s": sum(d["real"] for d in timed) / seconds, "flops_s": sum(d["flops"] for d in timed) / seconds,
+        "computed_all": sum(d["computed"] for d in timed)}
 
 
 def row(cells: list) -> str:
@@ -360,17 +361,16 @@ def main() -> None:
                    help="also print each case's top N aten operators by time spent in them (an extra update)")
     p.add_argument("--entropy-coef", type=float, default=0.0, help="GRPOLoss.entropy_coef")
     p.add_argument("--temperature", type=float, default=1.0, help="the temperature the loss scores at")
-    p.add_argument("--quick", action="store_true", help="smoke test: " + json.dumps(QUICK))
-    p.add_argument("--demo", action="store_true", help="configs/demo.yaml's update: " + json.dumps(DEMO))
+    p.add_argument("--quick", action="store_true", help="smoke test, defaults: " + json.dumps(QUICK))
+    p.add_argument("--demo", action="store_true", help="configs/demo.yaml's update, defaults: " + json.dumps(DEMO))
     p.add_argument("--case", help=argparse.SUPPRESS)  # internal: one measurement, its JSON on stdout
     a = p.parse_args()
     if a.case:
         print(json.dumps(run_case(**json.loads(a.case))))
         return
-    if a.quick:
-        vars(a).update(QUICK)
-    if a.demo:
-        vars(a).update(DEMO)
+    if a.quick or a.demo:  # a preset's values are defaults: flags given beside it win
+        p.set_defaults(**{**(QUICK if a.quick else {}), **(DEMO if a.demo else {})})
+        a = p.parse_args()
 
     import torch
 
@@ -412,7 +412,8 @@ def main() -> None:
                 pad, pack = results[d, "padded"], results[d, "packed"]
                 print(f"{d}, packed / padded: time {ratio(pack['seconds'], pad['seconds'])}, peak (update) "
                       f"{ratio(pack['update_mib'], pad['update_mib'])}, "
-                      f"peak (abs) {ratio(pack['abs_mib'], pad['abs_mib'])}")
+                      f"peak (abs) {ratio(pack['abs_mib'], pad['abs_mib'])}; tokens computed "
+                      f"{ratio(pack['computed_all'], pad['computed_all'])} (the time ratio if time went with tokens)")
             if a.check_longest:
                 memory_check(a, model, responses("heavy", a.sequences, a.median, a.sigma, a.cap, a.seed))
 
