@@ -14,7 +14,8 @@ import argparse
 import os
 import random
 import statistics
-import time
+
+from _common import call_times
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -43,12 +44,7 @@ def synthetic_response(rng: random.Random, words: int) -> str:
 
 
 def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(call_times(fn, repeats))
 
 
 def main() -> None:

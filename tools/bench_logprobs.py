@@ -25,15 +25,8 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
+from _common import call_times, status_mib
 
 
 def run_case(path: str, length: int, vocab: int, width: int, chunk: int, dtype: str, repeats: int) -> dict:
@@ -59,14 +52,9 @@ def run_case(path: str, length: int, vocab: int, width: int, chunk: int, dtype: 
         hidden.grad = weight.grad = None
 
     step(8)  # pages in the kernels' code and thread pools: tens of MiB of resident set that are not the step's
-    before = _status_kib("VmRSS")
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step(length)
-        times.append(time.perf_counter() - start)
-    peak = _status_kib("VmHWM") - before
-    return {"peak_mib": peak / 1024, "seconds": statistics.median(times[1:] or times)}
+    before = status_mib("VmRSS")
+    times = call_times(lambda: step(length), repeats)
+    return {"peak_mib": status_mib("VmHWM") - before, "seconds": statistics.median(times[1:] or times)}
 
 
 def main() -> None:

@@ -69,6 +69,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import call_times, reset_peak, status_mib
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -82,12 +84,6 @@ QUICK = {"models": ["tiny"], "repeats": 1, "dists": ["heavy"], "sequences": 8, "
 CASE = ("prompt", "seed", "mini_batch", "micro_batch", "budget", "precision", "gradient_checkpointing", "kl_coef",
         "entropy_coef", "temperature",
         "chunk", "threads")  # the settings a measurement takes from the command line
-
-
-def _status_mib(field: str) -> float:
-    """``VmRSS`` or ``VmHWM`` (the resident set's high-water mark) of this process."""
-    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
-    return int(line.split()[1]) / 1024
 
 
 def responses(dist: str, n: int, median: float, sigma: float, cap: int, seed: int) -> list[int]:
@@ -172,12 +168,12 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
     for i, lengths in enumerate(draws):
         seqs = make_sequences(lengths, prompt, policy.config.vocab_size, seed + 2 + i)
         gc.collect()
-        before = _status_mib("VmRSS")
-        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux >= 4.0)
+        before = status_mib("VmRSS")
+        reset_peak()
         start = time.perf_counter()
         step(seqs)
         seconds = time.perf_counter() - start
-        peak = _status_mib("VmHWM")
+        peak = status_mib("VmHWM")
         passes = [pass_tokens([lengths[r] for r in micro], packed) for mini in update.plan(seqs) for micro in mini]
         measured.append({"seconds": seconds, "update_mib": peak - before, "abs_mib": peak, "real": sum(lengths),
                          "computed": sum(passes), "passes": len(passes), "largest": max(passes),
@@ -250,12 +246,7 @@ def matmul_peak(dtype: str, size: int, repeats: int) -> float:
     import torch
 
     a, b = (torch.randn(size, size).to(getattr(torch, dtype)) for _ in range(2))
-    times = []
-    for _ in range(repeats + 1):  # the first is a warm-up
-        start = time.perf_counter()
-        torch.matmul(a, b)
-        times.append(time.perf_counter() - start)
-    return 2 * size**3 / min(times[1:])
+    return 2 * size**3 / min(call_times(lambda: torch.matmul(a, b), repeats, warmup=1))
 
 
 def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str,

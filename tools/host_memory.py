@@ -27,6 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _common import status_mib
+
 LOADINGS = ("every-rank", "rank0")
 
 
@@ -43,17 +45,6 @@ def build_every_rank(name: str, with_reference: bool, mesh, dtype: str = "float3
     return policy, reference
 
 
-def rss_mib(field: str = "VmRSS") -> float:
-    """This process's resident set size (``VmRSS``) or its high-water mark (``VmHWM``), from /proc (Linux).
-
-    Not ``getrusage``'s ``ru_maxrss``: a child process inherits its parent's peak there.
-    """
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024  # kB
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 def worker(loading: str, model: str, precision: str) -> None:
     import torch
     import torch.distributed as dist
@@ -63,15 +54,15 @@ def worker(loading: str, model: str, precision: str) -> None:
 
     dist.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    before = rss_mib()
+    before = status_mib()
     if loading == "every-rank":
         policy, reference = build_every_rank(model, True, mesh)
     else:
         policy, reference = build_models(model, Dtypes.resolve(precision, "float32"), True, mesh, torch.device("cpu"))
     dist.barrier()
-    peak = rss_mib("VmHWM")
+    peak = status_mib("VmHWM")
     numel = sum(p.numel() for p in policy.parameters())
-    print(json.dumps({"rank": dist.get_rank(), "before": before, "peak": peak, "built": rss_mib(), "params": numel,
+    print(json.dumps({"rank": dist.get_rank(), "before": before, "peak": peak, "built": status_mib(), "params": numel,
                       "reference_dtype": str(next(reference.parameters()).dtype)}), flush=True)
     dist.destroy_process_group()
 

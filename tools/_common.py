@@ -1,0 +1,35 @@
+"""What the benchmarks share: this process's memory as Linux reports it, and the times of repeated calls."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def status_mib(field: str = "VmRSS") -> float:
+    """This process's resident set (``VmRSS``) or its high-water mark (``VmHWM``), in MiB, from /proc.
+
+    Not ``getrusage``'s ``ru_maxrss``: a child process inherits its parent's peak there.
+    """
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024  # kB
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def reset_peak() -> None:
+    """Start ``VmHWM`` again from the current ``VmRSS`` (Linux >= 4.0), to measure one phase's peak."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def call_times(fn: Callable[[], object], repeats: int, warmup: int = 0) -> list[float]:
+    """Wall-clock seconds of ``repeats`` calls of ``fn``, after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
