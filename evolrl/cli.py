@@ -44,7 +44,9 @@ def _setting_error(err: BaseException | None) -> SettingError | None:
     return err
 
 
-def main(args: list[str] | None = None) -> EvolRLCLI:
+def main(args: list[str] | None = None, run: bool = True) -> EvolRLCLI:
+    """The CLI on ``args`` (default: the command line); ``run=False`` only builds the module, data module and trainer
+    from ``args`` without a subcommand (tools that must set up exactly what ``fit`` would)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     set_parsing_settings(docstring_parse_attribute_docstrings=True)  # dataclass field docs in --help
     return EvolRLCLI(
@@ -53,4 +55,5 @@ def main(args: list[str] | None = None) -> EvolRLCLI:
         seed_everything_default=0,
         save_config_kwargs={"overwrite": True},
         args=args,
+        run=run,
     )

@@ -226,12 +226,10 @@ def test_the_gap_tool_measures_the_floor_at_the_demo_settings(tiny_model):
     import sys
     from pathlib import Path
 
-    import yaml
-
     sys.path.insert(0, str(Path(__file__).parent.parent / "tools"))
     from mismatch_gap import DEMO, measure
 
-    result = measure(yaml.safe_load(DEMO.read_text()), 1, "float32", "32-true", tiny_model)
+    result = measure([str(DEMO)], 1, "float32", "32-true", tiny_model)
     assert result["responses"] == 64 and result["temperature"] == 0.7 and result["tokens"] > 64
     summaries = result["summaries"]
     assert list(summaries) == [None, "token_truncate", "sequence_mask"]

@@ -5,9 +5,10 @@
     python tools/mismatch_gap.py --config configs/paper/common.yaml --config configs/paper/qwen3-4b.yaml \
         --config configs/paper/math500.yaml --config configs/paper/evol.yaml --steps 1        # a paper run (GPU)
 
-Reads the model, the training prompts, the engine, the sampling and the precision from the configs (``--config``,
-merged in order as the CLI does), starts the engine with the policy's weights (as ``fit`` does before its first step),
-samples ``--steps`` training steps' prompts x V responses, scores every response token as the update does
+Builds the module, the data module and the trainer from the configs (``--config``, repeatable) through the CLI itself
+(``evolrl.cli.main(..., run=False)``), so the model, prompts (system prompt included), engine, sampling, passes and
+precision are the ones ``fit`` would use; starts the engine with the policy's weights (as ``fit`` does before its
+first step), samples ``--steps`` training steps' prompts x V responses, scores every response token as the update does
 (``GRPOUpdate.forward``, under the trainer's autocast, on one device: FSDP's bf16 all-gathered weights are not
 reproduced) and prints the ``mismatch/*`` numbers that each ``GRPOLoss.mismatch_correction`` would log for them
 (``evolrl/algorithms/mismatch.py``), over all the sampled responses. Nothing is trained.
@@ -17,58 +18,40 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import time
 from pathlib import Path
 
 import torch
-import yaml
 
 from evolrl.algorithms import CORRECTIONS, mismatch_summary
-from evolrl.data import RolloutDataModule
+from evolrl.cli import main as cli_main
 from evolrl.models import load_policy
-from evolrl.rollout import Sampling
-from evolrl.training import GRPOLoss, GRPOUpdate
+from evolrl.training import GRPOLoss
 from evolrl.training.sequences import pack
 from evolrl.types import RolloutBatch
 
 DEMO = Path(__file__).parent.parent / "configs" / "demo.yaml"
 
 
-def merged(configs: list[dict]) -> dict:
-    """Later configs override earlier ones key by key, nested mappings merged (as the CLI composes them)."""
-    out: dict = {}
-    for config in configs:
-        for key, value in config.items():
-            both = isinstance(value, dict) and isinstance(out.get(key), dict)
-            out[key] = merged([out[key], value]) if both else value
-    return out
+def configured(configs: list[str], engine_dtype: str | None, precision: str | None, model: str | None):
+    """The module, data module and trainer exactly as ``python -m evolrl fit --config ...`` builds them."""
+    args = [arg for path in configs for arg in ("--config", path)]
+    args += ["--data.engine.init_args.dtype", engine_dtype] if engine_dtype else []
+    args += ["--trainer.precision", precision] if precision else []
+    args += ["--model.model", model] if model else []
+    cli = cli_main(args, run=False)
+    return cli.model, cli.datamodule, str(cli.trainer.precision)
 
 
-def build(spec: dict, **overrides):
-    """The object a ``{class_path, init_args}`` entry names (plain init_args only)."""
-    module, name = spec["class_path"].rsplit(".", 1)
-    return getattr(importlib.import_module(module), name)(**{**spec.get("init_args", {}), **overrides})
-
-
-def measure(config: dict, steps: int, engine_dtype: str | None, precision: str | None, model: str | None) -> dict:
+def measure(configs: list[str], steps: int, engine_dtype: str | None, precision: str | None,
+            model: str | None) -> dict:
     """``{correction: mismatch summary}`` over ``steps`` training steps' responses, and what was measured."""
-    data, module = config["data"], config["model"]
-    precision = str(precision or config["trainer"].get("precision", "32-true"))
-    model = model or module["model"]
-    engine = build(data["engine"], **({"dtype": engine_dtype} if engine_dtype else {}))
+    module, datamodule, precision = configured(configs, engine_dtype, precision, model)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    datamodule = RolloutDataModule(
-        build(data["train"]), model=model, engine=engine,
-        prompts_per_step=data["prompts_per_step"], vote_samples=data["vote_samples"],
-        trained_samples=data["trained_samples"], sampling=Sampling(**data["sampling"]),
-        max_prompt_tokens=data.get("max_prompt_tokens", 1024), system_prompt=data.get("system_prompt"))
     datamodule.setup("fit")
-    rollouts = datamodule.rollouts
-    policy = load_policy(model).to(device)  # float32: the trainer's master weights
+    rollouts, update = datamodule.rollouts, module.update
+    policy = load_policy(module.model_name).to(device)  # float32: the trainer's master weights
     rollouts.push(policy)
-    update = GRPOUpdate(GRPOLoss(), mini_batch_size=module.get("mini_batch_size", 32),
-                        micro_batch_size=module.get("micro_batch_size", 2), chunk_size=1024, max_grad_norm=1.0)
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if precision.startswith("bf16")
                 else contextlib.nullcontext())
     losses = {mode: GRPOLoss(mismatch_correction=mode) for mode in (None, *CORRECTIONS)}
@@ -91,8 +74,8 @@ def measure(config: dict, steps: int, engine_dtype: str | None, precision: str |
     for mode, parts in totals.items():
         sums, maxima = zip(*parts)
         summaries[mode] = mismatch_summary(torch.stack(sums).sum(0), torch.stack(maxima).amax(0), mode)
-    return {"model": model, "engine_dtype": getattr(engine, "dtype", "?"), "precision": precision,
-            "temperature": rollouts.temperature, "responses": steps * p * v, "tokens": tokens,
+    return {"model": module.model_name, "engine_dtype": getattr(rollouts.engine, "dtype", "?"),
+            "precision": precision, "temperature": rollouts.temperature, "responses": steps * p * v, "tokens": tokens,
             "summaries": summaries}
 
 
@@ -105,8 +88,7 @@ def main() -> None:
     parser.add_argument("--model", help="override the model")
     args = parser.parse_args()
     start = time.perf_counter()
-    config = merged([yaml.safe_load(Path(path).read_text()) for path in args.config or [DEMO]])
-    result = measure(config, args.steps, args.engine_dtype, args.precision, args.model)
+    result = measure(args.config or [str(DEMO)], args.steps, args.engine_dtype, args.precision, args.model)
     print(f"{result['model']}: vLLM {result['engine_dtype']}, trainer {result['precision']}, temperature "
           f"{result['temperature']}: {result['responses']} responses, {result['tokens']} tokens "
           f"({time.perf_counter() - start:.0f} s)")

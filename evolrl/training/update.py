@@ -157,67 +157,96 @@ class GRPOUpdate:
         """Train on ``seqs``; the mean of each loss term over the mini-batches. With ``policy_pass`` (:meth:`score` of
         these sequences, before any change to the policy), its plan and old log-probs are used.
 
-        ``optimizer.step()`` is called once per mini-batch, a skipped one included (its gradients dropped
-        first, so nothing moves), and ``scheduler.step()`` after every applied one. ``backward`` is the
-        caller's (Lightning's ``manual_backward``); ``world_size`` scales the global normalizer because
-        data-parallel gradients are averaged.
+        Plan, then per mini-batch its passes (:meth:`train_pass`) and one optimizer step (:meth:`optimizer_step`).
+        ``backward`` is the caller's (Lightning's ``manual_backward``); ``world_size`` scales the global normalizer
+        because data-parallel gradients are averaged.
         """
-        cfg = self.loss
-        if cfg.mismatch_correction is not None and seqs.sampler_logprobs is None:
-            raise ValueError(f"mismatch_correction={cfg.mismatch_correction!r} needs the sampler's log-probs, and the "
-                             "rollout engine reported none")
+        if self.loss.mismatch_correction is not None and seqs.sampler_logprobs is None:
+            raise ValueError(f"mismatch_correction={self.loss.mismatch_correction!r} needs the sampler's log-probs, "
+                             "and the rollout engine reported none")
         plan = policy_pass.plan if policy_pass is not None else self.plan(seqs)
         old_logp, ref_logp = self.old_and_reference_logprobs(policy, reference, seqs, temperature, plan,
                                                              policy_pass.old if policy_pass is not None else None)
-        sums: dict[str, Tensor] = {}  # summed on the device, read once at the end (no per-term sync)
-        mismatch = [] if seqs.sampler_logprobs is not None else None  # per micro-batch (sums, maxima)
+        totals = StepTotals()
         index = -1  # position in the flattened plan, matching old_logp / ref_logp
         for minibatch, rows in zip(plan, mini_batch_ranges(len(seqs), self.mini_batch_size)):
             # Fixed before the micro-batch loop: accumulation does not change the loss.
-            local = normalizer_count(seqs.response_mask[rows.start : rows.stop], cfg.aggregation)
+            local = normalizer_count(seqs.response_mask[rows.start : rows.stop], self.loss.aggregation)
             normalizer = global_sum(local.float()) / world_size
             for micro in minibatch:
                 index += 1
-                part = self.micro_batch(seqs, micro)
-                logp, entropy = self.forward(policy, part, temperature)
-                old = old_logp[index] if old_logp[index] is not None else logp.detach()
-                pg, clips = clipped_surrogate(logp, old, part.advantages[:, None],
-                                              cfg.clip_low, cfg.clip_high, cfg.dual_clip)
-                if mismatch is not None:
-                    weights, measured = cfg.correct(old, part)
-                    mismatch.append(measured)
-                    if weights is not None:
-                        pg = pg * weights
-                agg = partial(aggregate, mask=part.response_mask, mode=cfg.aggregation, normalizer=normalizer)
-                terms = {"pg_loss": agg(pg), "entropy": agg(entropy)}
-                loss = terms["pg_loss"] - cfg.entropy_coef * terms["entropy"]
-                if ref_logp is not None:
-                    terms["kl"] = agg(low_var_kl(logp, ref_logp[index]))
-                    loss = loss + cfg.kl_coef * terms["kl"]
-                backward(loss)
-                terms["loss"] = loss
-                terms |= {f"{name}_frac": agg(flag.float()) for name, flag in clips.items()}
-                for name, value in terms.items():
-                    sums[name] = sums.get(name, 0.0) + value.detach().float()
-            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), self.max_grad_norm)
-            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP2
-            applied = bool(torch.isfinite(grad_norm))  # the one host sync per optimizer step
-            if not applied:
-                optimizer.zero_grad(set_to_none=True)  # the step below then moves nothing
-                self.skipped_steps += 1
-            optimizer.step()
-            # Lightning's bf16-mixed runs the whole step inside one autocast, whose cache keeps each weight's bf16
-            # copy until that autocast exits, however the weight changed: the next mini-batch would train on the
-            # weights this step started from.
-            torch.clear_autocast_cache()
-            if applied:
-                scheduler.step()
-            optimizer.zero_grad()
-            sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm.detach().float()
-        values = torch.stack(list(sums.values())).div(len(plan)).tolist()
-        stats = dict(zip(sums, values))
-        if mismatch:  # over this step's micro-batches, then over the ranks: two all-reduces per step
-            totals, maxima = zip(*mismatch)
+                terms, measured = self.train_pass(policy, self.micro_batch(seqs, micro), temperature, old_logp[index],
+                                                  None if ref_logp is None else ref_logp[index], normalizer, backward)
+                totals.add(terms, measured)
+            totals.add({"grad_norm": self.optimizer_step(policy, optimizer, scheduler)})
+        return totals.summary(len(plan), self.loss.mismatch_correction)
+
+    def train_pass(self, policy: nn.Module, part: Sequences, temperature: float, old: Tensor | None,
+                   ref: Tensor | None, normalizer: Tensor,
+                   backward: Callable[[Tensor], None]) -> tuple[dict[str, Tensor], tuple[Tensor, Tensor] | None]:
+        """One forward/backward pass: the loss terms (detached, aggregated with the mini-batch's ``normalizer``) and,
+        when the engine reported log-probs, the pass's mismatch sums. ``old`` ``None``: the pass's own log-probs (the
+        first mini-batch, before any step)."""
+        cfg = self.loss
+        logp, entropy = self.forward(policy, part, temperature)
+        old = old if old is not None else logp.detach()
+        pg, clips = clipped_surrogate(logp, old, part.advantages[:, None], cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+        measured = None
+        if part.sampler_logprobs is not None:
+            weights, measured = cfg.correct(old, part)
+            if weights is not None:
+                pg = pg * weights
+        agg = partial(aggregate, mask=part.response_mask, mode=cfg.aggregation, normalizer=normalizer)
+        terms = {"pg_loss": agg(pg), "entropy": agg(entropy)}
+        loss = terms["pg_loss"] - cfg.entropy_coef * terms["entropy"]
+        if ref is not None:
+            terms["kl"] = agg(low_var_kl(logp, ref))
+            loss = loss + cfg.kl_coef * terms["kl"]
+        backward(loss)
+        terms["loss"] = loss
+        terms |= {f"{name}_frac": agg(flag.float()) for name, flag in clips.items()}
+        return {name: value.detach().float() for name, value in terms.items()}, measured
+
+    def optimizer_step(self, policy: nn.Module, optimizer, scheduler) -> Tensor:
+        """Clip the accumulated gradient and step; a mini-batch whose gradient norm is not finite is skipped and
+        counted. ``optimizer.step()`` runs either way (its gradients dropped first, so nothing moves: Lightning counts
+        its steps); ``scheduler.step()`` only after an applied one. The gradient norm, on the device."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), self.max_grad_norm)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP2
+        applied = bool(torch.isfinite(grad_norm))  # the one host sync per optimizer step
+        if not applied:
+            optimizer.zero_grad(set_to_none=True)  # the step below then moves nothing
+            self.skipped_steps += 1
+        optimizer.step()
+        # Lightning's bf16-mixed runs the whole step inside one autocast, whose cache keeps each weight's bf16
+        # copy until that autocast exits, however the weight changed: the next mini-batch would train on the
+        # weights this step started from.
+        torch.clear_autocast_cache()
+        if applied:
+            scheduler.step()
+        optimizer.zero_grad()
+        return grad_norm.detach().float()
+
+
+class StepTotals:
+    """A training step's loss terms summed on the device and read once at the end (no sync per term), and its
+    passes' mismatch sums, reduced over the ranks at the end (two all-reduces per step)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, Tensor] = {}
+        self.mismatch: list[tuple[Tensor, Tensor]] = []
+
+    def add(self, terms: dict[str, Tensor], measured: tuple[Tensor, Tensor] | None = None) -> None:
+        for name, value in terms.items():
+            self.sums[name] = self.sums.get(name, 0.0) + value
+        if measured is not None:
+            self.mismatch.append(measured)
+
+    def summary(self, mini_batches: int, correction: str | None) -> dict[str, float]:
+        """Each term's mean over the mini-batches; ``mismatch/*`` over all passes on all ranks."""
+        stats = dict(zip(self.sums, torch.stack(list(self.sums.values())).div(mini_batches).tolist()))
+        if self.mismatch:
+            totals, maxima = zip(*self.mismatch)
             total, top = all_reduce(torch.stack(totals).sum(0), "sum"), all_reduce(torch.stack(maxima).amax(0), "max")
-            stats |= {f"mismatch/{k}": v for k, v in mismatch_summary(total, top, cfg.mismatch_correction).items()}
+            stats |= {f"mismatch/{k}": v for k, v in mismatch_summary(total, top, correction).items()}
         return stats
