@@ -13,6 +13,7 @@ from jsonargparse import set_parsing_settings
 from lightning.pytorch.cli import LightningCLI
 
 from evolrl.data.datamodule import RolloutDataModule
+from evolrl.rollout.engine_sync import check_engine
 from evolrl.settings import SettingError
 from evolrl.training.module import EvolRLModule
 
@@ -29,7 +30,7 @@ class EvolRLCLI(LightningCLI):
         try:
             super().instantiate_classes()
             if self.subcommand == "fit":  # what the module needs of the data module's engine, checked before loading
-                self.model.check_rollouts(self.datamodule.rollouts)
+                check_engine(self.model.mismatch_correction, self.datamodule.rollouts.engine)
         except (SettingError, ValueError) as err:
             setting = _setting_error(err)
             if setting is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Protocol
 
 import torch
 
@@ -63,15 +64,25 @@ class RolloutBatch:
     """Version of the policy weights the responses were sampled with (see ``RolloutEngine.version``)."""
     trained: torch.Tensor | None = None
     """``[P, G]`` indices of the responses to train on: a reward-independent subset of the ``V``."""
+    temperature: float | None = None
+    """The sampling temperature: the policy loss scores the tokens under ``softmax(logits / temperature)``, as they
+    were drawn (training needs it; ``None``: unknown)."""
 
     def __post_init__(self) -> None:
         if not self.groups:
             raise ValueError("a rollout batch needs at least one response group")
+        if self.temperature is not None and not self.temperature > 0:
+            raise ValueError(f"temperature must be positive, got {self.temperature}")
         sizes = {len(g.texts) for g in self.groups}
         if len(sizes) != 1:
             raise ValueError(f"all response groups must have the same size, got sizes {sorted(sizes)}")
         if self.trained is not None and (self.trained.dim() != 2 or self.trained.shape[0] != len(self.groups)):
             raise ValueError(f"trained must be [P, G] with P = {len(self.groups)}, got {tuple(self.trained.shape)}")
+
+    def to(self, *args, **kwargs) -> RolloutBatch:
+        """Itself: Lightning moves a batch with ``.to(device)``, and a rollout batch has nothing to move (token ids in
+        tuples; the training step builds its tensors on its device)."""
+        return self
 
     @property
     def num_prompts(self) -> int:
@@ -97,6 +108,13 @@ class RolloutBatch:
         if any(g.truncated is None for g in self.groups):
             return None
         return torch.tensor([g.truncated for g in self.groups], dtype=torch.bool)
+
+
+class RolloutSource(Protocol):
+    """Rollouts sampled only when asked: what a data module yields when a batch fetched ahead of its training step
+    would come from older weights (``evolrl.data.RolloutRequest``)."""
+
+    def sample(self) -> RolloutBatch: ...
 
 
 @dataclass(frozen=True)

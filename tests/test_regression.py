@@ -47,7 +47,7 @@ from evolrl.rollout import Rollouts
 from evolrl.rollout.engine import RolloutEngine, Sampling
 from evolrl.rollout.seeds import Seeds
 from evolrl.training.loss import GRPOLoss
-from evolrl.training.optim import Optimization, build_optimizer
+from evolrl.training.optim import Optimization, build_optimizer, start_schedule
 from evolrl.training.scoring import score
 from evolrl.training.update import GRPOUpdate
 from evolrl.types import Prompt, ResponseGroup
@@ -129,13 +129,13 @@ def replay(tiny_dir: str, record: dict, embedder, dtype: torch.dtype = torch.flo
     rollouts.setup(tokenizer, longest_prompt=64, evaluates=False)
     reward = EvolReward(NoveltyBands(embedder=embedder, alpha=0.3), valid_rule="digit", number_fallback=False)
     update = GRPOUpdate(GRPOLoss(**LOSS), chunk_size=7, max_grad_norm=1.0, **PLANS[plan])
-    optimizer, scheduler = build_optimizer(list(policy.parameters()), Optimization(**OPTIM),
-                                           total_steps=STEPS * update.optimizer_steps(PROMPTS * G))
+    optimizer, scheduler = build_optimizer(list(policy.parameters()), Optimization(**OPTIM))
+    start_schedule(scheduler, STEPS * update.optimizer_steps(PROMPTS * G))
     outcomes = []
     rollouts.push(policy, new_version=False)
     for step in steps:
-        batch = rollouts.check_fresh(rollouts.sample([g.prompt for g in step], [g.prompt_ids for g in step]))
-        scored = score(reward, update, policy, batch, tokenizer.pad_token_id, TEMPERATURE, torch.device("cpu"))
+        batch = rollouts.sample([g.prompt for g in step], [g.prompt_ids for g in step])
+        scored = score(reward, update, policy, batch, torch.device("cpu"))
         stats = update(policy, reference, scored.seqs, TEMPERATURE, optimizer, scheduler)
         outcomes.append({"trained": batch.trained.tolist(), "rewards": scored.rewards.rewards.tolist(),
                          "advantages": scored.advantages.tolist(), "stats": stats})

@@ -7,6 +7,7 @@ import itertools
 import json
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import lightning as L
@@ -16,10 +17,11 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from evolrl.cli import main
-from evolrl.data import AdditionPrompts, RolloutDataModule, RolloutRequest
+from evolrl.data import AdditionPrompts, RolloutDataModule
 from evolrl.models import load_policy
 from evolrl.rewards import MajorityVoteReward
 from evolrl.rollout import HFEngine, Sampling
+from evolrl.settings import SettingError
 from evolrl.training import EvolRLModule, GRPOLoss, Optimization
 
 CONFIGS = Path(__file__).parent.parent / "configs"
@@ -176,7 +178,7 @@ class Recorder(L.Callback):
 
 
 def fit(model_dir: str, steps: int = 1, module_kwargs=None, datamodule_cls=RolloutDataModule, callbacks=(),
-        **data_kwargs):
+        trainer_kwargs=None, **data_kwargs):
     module = EvolRLModule(model_dir, **{"reward": MajorityVoteReward(), "mini_batch_size": 6, "micro_batch_size": 2,
                                         **(module_kwargs or {})})
     data = datamodule_cls(AdditionPrompts(count=8), model=model_dir, **{
@@ -186,7 +188,7 @@ def fit(model_dir: str, steps: int = 1, module_kwargs=None, datamodule_cls=Rollo
     recorder = Recorder()
     trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=steps, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[recorder, *callbacks])
+                        callbacks=[recorder, *callbacks], **(trainer_kwargs or {}))
     trainer.fit(module, data)
     return module, data, recorder
 
@@ -255,19 +257,25 @@ def test_rollouts_are_sampled_with_the_latest_weights(tiny_model):
 
 def test_streamed_prompts_are_not_sampled_ahead(tiny_model):
     # An unsized loader makes Lightning fetch one batch ahead; the request is sampled only when trained on.
-    _, _, recorder = fit(tiny_model, steps=1.0, datamodule_cls=StreamingDataModule)
+    _, _, recorder = fit(tiny_model, steps=1.0, datamodule_cls=StreamingDataModule, trainer_kwargs={"max_steps": 4})
     assert recorder.versions == [0, 1, 2, 3]
 
 
+def test_without_a_known_length_the_schedule_asks_for_max_steps(tiny_model):
+    with pytest.raises(SettingError, match="trainer.max_steps=-1 is not allowed: a positive number of training steps"):
+        fit(tiny_model, steps=1.0, datamodule_cls=StreamingDataModule)
+
+
 def test_stale_rollouts_are_refused(tiny_model):
-    module, data, _ = fit(tiny_model, steps=1)
+    module, data, _ = fit(tiny_model, steps=1)  # the policy is at version 1 (one training step)
     request = next(iter(data.train_dataloader()))
-    rollouts = request.sample()  # sampled with the weights after step 0 ...
-    module.push_weights()  # ... which then move on
-    stale = RolloutRequest(request.prompts, request.prompt_ids, lambda *_: rollouts)
-    with pytest.raises(RuntimeError, match="stale rollouts: sampled with weights version 1, but the policy is at "
-                                           "version 2"):
+    rollouts = request.sample()
+    stale = replace(rollouts, weights_version=0)  # as if sampled before that step
+    with pytest.raises(RuntimeError, match="stale rollouts: sampled with weights version 0, but the policy is at "
+                                           "version 1"):
         module.training_step(stale, 0)
+    with pytest.raises(ValueError, match="does not say at which temperature"):
+        module.training_step(replace(rollouts, temperature=None), 0)
 
 
 def test_no_reference_model_without_kl(tiny_model):

@@ -106,8 +106,9 @@ def run_evolrl(a: argparse.Namespace) -> dict:
             trained = sum(len(g.prompt_ids) + len(g.response_ids[v])
                           for g, picks in zip(rollouts.groups, rollouts.trained.tolist()) for v in picks)
             timing = outputs["timing"]
+            # EngineSync's push runs after training_step, before this hook: "sync" is the step's time past the module's
             steps.append({"step": total, "sample": timing["sample"], "reward": timing["reward"],
-                          "update": total - timing["sample"] - timing["reward"], "sync": timing["sync"],
+                          "update": total - timing["sample"] - timing["reward"], "sync": total - timing["step"],
                           "tokens": trained})
 
     evol = a.reward == "evol"

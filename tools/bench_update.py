@@ -142,7 +142,7 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
     import torch
 
     from evolrl.training.build import Dtypes, build_models
-    from evolrl.training.optim import Optimization, build_optimizer
+    from evolrl.training.optim import Optimization, build_optimizer, start_schedule
     from evolrl.training.plan import pass_tokens
     from evolrl.training.update import GRPOLoss, GRPOUpdate
 
@@ -156,7 +156,8 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
                                      gradient_checkpointing=gradient_checkpointing, packed=packed)
     update = GRPOUpdate(GRPOLoss(kl_coef=kl_coef, entropy_coef=entropy_coef), mini_batch, micro_batch, chunk, 1.0,
                         max_tokens_per_micro_batch=budget if packed else None, packed=packed)
-    optimizer, scheduler = build_optimizer(list(policy.parameters()), Optimization(), 1000)
+    optimizer, scheduler = build_optimizer(list(policy.parameters()), Optimization())
+    start_schedule(scheduler, 1000)
 
     def step(part) -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):

@@ -6,11 +6,11 @@ before step t. So a batch here is a :class:`RolloutRequest` (the prompts,
 already tokenized); the module calls ``request.sample()`` inside its training
 step, after the previous step's weights reached the engine. The resulting
 :class:`~evolrl.types.RolloutBatch` records the engine's weights version, which
-the module checks.
+the module checks, and the sampling temperature.
 
-What the module reads from here is published, nothing else: :attr:`RolloutDataModule.rollouts`
-(the engine, the sampling, the weights version; see :class:`~evolrl.rollout.Rollouts`) and
-:meth:`RolloutDataModule.steps_per_epoch` (for the learning-rate schedule).
+This is the rollout side's one owner: it builds :attr:`RolloutDataModule.rollouts` (the engine, the sampling, the
+weights version; see :class:`~evolrl.rollout.Rollouts`) and registers on its trainer the
+:class:`~evolrl.rollout.EngineSync` callback that moves the trained module's weights to the engine.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from evolrl.data.eval_set import EvalSet
 from evolrl.data.loader import PromptLoader
 from evolrl.data.sources import DataError, PromptSource
 from evolrl.models import load_tokenizer
-from evolrl.rollout import Rollouts, Sampling, Seeds
+from evolrl.rollout import EngineSync, Rollouts, Sampling, Seeds
 from evolrl.rollout.engine import RolloutEngine
 from evolrl.rollout.vllm_engine import VLLMEngine
 from evolrl.settings import check_int
@@ -47,6 +47,10 @@ class RolloutRequest:
     def sample(self) -> RolloutBatch:
         """Generate the response groups now, with the engine's current weights."""
         return self.sampler(self.prompts, self.prompt_ids)
+
+    def to(self, *args, **kwargs) -> RolloutRequest:
+        """Itself: nothing to move to a device (see :meth:`evolrl.types.RolloutBatch.to`)."""
+        return self
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -118,6 +122,9 @@ class RolloutDataModule(L.LightningDataModule):
         self._train_loader: PromptLoader | None = None
 
     def setup(self, stage: str | None = None) -> None:
+        if self.trainer is not None and not any(isinstance(c, EngineSync) for c in self.trainer.callbacks):
+            # First: a checkpoint saved at a training step's end (ModelCheckpoint) then holds the version just pushed.
+            self.trainer.callbacks.insert(0, EngineSync(self.rollouts))
         if self.tokenizer is not None:
             return
         if not self.model:
@@ -134,11 +141,6 @@ class RolloutDataModule(L.LightningDataModule):
             )
         longest_prompt = max(len(ids) for items in (self.train_items, *self.eval_items) for _, ids in items)
         self.rollouts.setup(self.tokenizer, longest_prompt, evaluates=bool(self.eval_sets), rank=rank)
-
-    def steps_per_epoch(self) -> int:
-        """Training steps in one pass over the prompts (on every rank alike), without building the loader."""
-        _, world = self._rank_and_world()
-        return PromptLoader.batches(len(self.train_items), self.rollouts.prompts_per_step, world)
 
     def _rank_and_world(self) -> tuple[int, int]:
         return (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
@@ -178,11 +180,6 @@ class RolloutDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> list[DataLoader]:
         return self._eval_loaders()
-
-    def transfer_batch_to_device(self, batch, device, dataloader_idx):
-        # A request holds token ids as tuples; the module builds its tensors on the device.
-        return batch if isinstance(batch, RolloutRequest) else super().transfer_batch_to_device(batch, device,
-                                                                                                dataloader_idx)
 
     def _request(self, items: list[tuple[Prompt, tuple[int, ...]]]) -> RolloutRequest:
         return RolloutRequest(tuple(p for p, _ in items), tuple(ids for _, ids in items), self.rollouts.sample)

@@ -2,8 +2,8 @@
 
 :class:`Rollouts` is the one place where the engine is sized, the trained G of each group's V
 responses are drawn, the weights version is counted and sampling seeds are taken from
-:class:`~evolrl.rollout.seeds.Seeds`. The data module builds it and samples through it; the module
-pushes weights through it. Its state (the weights version) is part of every checkpoint.
+:class:`~evolrl.rollout.seeds.Seeds`. The data module builds it and samples through it; weights reach it through
+:class:`~evolrl.rollout.EngineSync` alone. Its state (the weights version) is part of every checkpoint.
 """
 
 from __future__ import annotations
@@ -60,7 +60,6 @@ class Rollouts:
         """Version of the weights last handed to the engine (-1: none yet)."""
         self.loaded = False
         """Whether the engine holds the weights of ``version`` (false again after a checkpoint is restored)."""
-        self.pad_token_id: int | None = None
 
     @property
     def temperature(self) -> float:
@@ -75,7 +74,6 @@ class Rollouts:
     def setup(self, tokenizer: PreTrainedTokenizerBase, longest_prompt: int, evaluates: bool, rank: int = 0) -> None:
         """Size the engine for the largest call this run makes and give it this rank's seed."""
         self.rank = rank
-        self.pad_token_id = tokenizer.pad_token_id
         calls = [(self.prompts_per_step * self.vote_samples, self.sampling.max_new_tokens)]
         if evaluates:
             calls.append((self.eval_prompts_per_batch * self.eval_samples, self.eval_sampling.max_new_tokens))
@@ -99,22 +97,15 @@ class Rollouts:
         trained = torch.stack(
             [torch.randperm(self.vote_samples, generator=g)[: self.trained_samples] for _ in groups]
         )  # [P, G]
-        return RolloutBatch(tuple(groups), weights_version=version, trained=trained)
-
-    def check_fresh(self, batch: RolloutBatch) -> RolloutBatch:
-        """``batch``, if it was sampled with the weights of ``version``; else a RuntimeError (it would train
-        off-policy)."""
-        if batch.weights_version != self.version:
-            raise RuntimeError(f"stale rollouts: sampled with weights version {batch.weights_version}, "
-                               f"but the policy is at version {self.version}")
-        return batch
+        return RolloutBatch(tuple(groups), weights_version=version, trained=trained,
+                            temperature=self.sampling.temperature)
 
     def sample_eval(self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]]) -> RolloutBatch:
         """``eval_samples`` responses per evaluation problem with the current weights."""
         version = self.engine.version
         groups = self.engine.generate(prompts, prompt_ids, self.eval_sampling, self.eval_samples,
                                       self.seeds.sampling(version, self.rank, evaluation=True))
-        return RolloutBatch(tuple(groups), weights_version=version)
+        return RolloutBatch(tuple(groups), weights_version=version, temperature=self.eval_sampling.temperature)
 
     def state_dict(self) -> dict[str, int]:
         return {"version": self.version}

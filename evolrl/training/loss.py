@@ -13,8 +13,7 @@ from torch import Tensor
 
 from evolrl.algorithms import AGGREGATIONS, CORRECTIONS
 from evolrl.algorithms.mismatch import correction_weights, mismatch_sums
-from evolrl.rollout.engine import RolloutEngine
-from evolrl.settings import check_choice, check_float, require
+from evolrl.settings import check_choice, check_float
 from evolrl.training.sequences import Sequences
 
 
@@ -60,13 +59,6 @@ class GRPOLoss:
         check_float("GRPOLoss.mismatch_token_cap", self.mismatch_token_cap, 1.0)
         check_float("GRPOLoss.mismatch_sequence_min", self.mismatch_sequence_min, 0.0, 1.0, high_open=True)
         check_float("GRPOLoss.mismatch_sequence_max", self.mismatch_sequence_max, 1.0, low_open=True)
-
-    def check_engine(self, engine: RolloutEngine) -> None:
-        """Refuse a mismatch correction with an engine that reports no log-probs (:class:`SettingError`)."""
-        require(self.mismatch_correction is None or engine.reports_logprobs, "GRPOLoss.mismatch_correction",
-                self.mismatch_correction, f"null (no correction) with {type(engine).__name__}, which does not report "
-                "the log-probs of the tokens it samples (the correction weighs tokens by them); use "
-                "evolrl.rollout.VLLMEngine")
 
     def correct(self, old: Tensor, seqs: Sequences) -> tuple[Tensor | None, tuple[Tensor, Tensor]]:
         """The weights of ``seqs``'s per-token loss (``None``: unweighted) and their :func:`mismatch_sums`."""

@@ -14,10 +14,13 @@ Non-obvious decisions:
   update clears autocast's cache of bf16 weight copies after every optimizer step.
 * A reference model exists only when ``kl_coef > 0``. The policy's weights stay in ``dtype`` (float32) under bf16
   precision; only copies are bf16 (the reference, FSDP's all-gathered compute copies): see ``build.py``.
-* Rollouts are sampled inside ``training_step`` (``RolloutRequest.sample``), after the
-  previous step's weights reached the engine; their weights version is checked. The data
-  module publishes the rollout side (``Rollouts``: engine, sampling, weights version); the
-  update is a :class:`~evolrl.training.update.GRPOUpdate` the module holds.
+* The module trains on whatever batches it is given: a :class:`~evolrl.types.RolloutBatch`, or a
+  :class:`~evolrl.types.RolloutSource` whose ``sample()`` returns one, called inside ``training_step`` (a batch
+  fetched ahead would come from older weights). A batch that says which weights sampled it must come from the weights
+  of this step (``global_step``); it carries the temperature it was sampled at, under which the loss scores its
+  tokens. Moving weights to the sampler is the rollout side's (``evolrl.rollout.EngineSync``); the module publishes
+  ``policy``.
+  The update is a :class:`~evolrl.training.update.GRPOUpdate` the module holds.
 * A mini-batch whose gradient norm is not finite is skipped and counted, never applied.
 * A "step" is a training step everywhere: ``trainer.global_step`` (so ``max_steps``,
   checkpoint names and ``every_n_train_steps``), the progress bar, the curves and
@@ -33,20 +36,19 @@ import lightning as L
 import torch
 
 from evolrl.callbacks import LabelFreeDiagnostics, PassAtK, PolicyStats, SampleLogger
-from evolrl.data.datamodule import RolloutRequest
 from evolrl.rewards import EvolReward, Reward
-from evolrl.rollout import Rollouts
 from evolrl.settings import check_choice, require
 from evolrl.training.allocator import keep_freed_memory
 from evolrl.training.build import DTYPES, Dtypes, Frozen, build_models
 from evolrl.training.evaluation import grade_request
 from evolrl.training.forward import check_fused_head
 from evolrl.training.loss import GRPOLoss
-from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, total_training_steps
+from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, schedule_started, start_schedule
 from evolrl.training.packing import check_packing
 from evolrl.training.scoring import score
 from evolrl.training.signal import SignalCheck
 from evolrl.training.update import GRPOUpdate
+from evolrl.types import RolloutBatch, RolloutSource
 
 
 class EvolRLModule(L.LightningModule):
@@ -77,8 +79,8 @@ class EvolRLModule(L.LightningModule):
         cpu_keep_freed_memory: Training on a CPU, keep freed buffers in glibc's heap for reuse instead of unmapping
             and page-faulting them in again (``training/allocator.py``; process-wide).
 
-    The sampling temperature (whose ``softmax(logits / T)`` the loss scores) is the data module's
-    ``sampling.temperature``, read from its published ``rollouts``.
+    The sampling temperature (whose ``softmax(logits / T)`` the loss scores) is the one each rollout batch was sampled
+    at (``RolloutBatch.temperature``: the data module's ``sampling.temperature``).
     """
 
     def __init__(
@@ -126,28 +128,22 @@ class EvolRLModule(L.LightningModule):
                 "true or false")
         self.cpu_keep_freed_memory = cpu_keep_freed_memory
         self.policy = None
+        """The trained model (published: the rollout side samples with its weights)."""
         self.reference: Frozen | None = None
-        self.rollouts: Rollouts | None = None
         self.signal = SignalCheck()
 
     # ---- set-up -------------------------------------------------------------------------
+    @property
+    def mismatch_correction(self) -> str | None:
+        """The loss's ``mismatch_correction``: when set, the rollouts must carry the sampler's log-probs."""
+        return self.update.loss.mismatch_correction
+
     def setup(self, stage: str) -> None:
-        rollouts = getattr(self.trainer.datamodule, "rollouts", None)
-        if not isinstance(rollouts, Rollouts):
-            raise TypeError("EvolRLModule needs evolrl's RolloutDataModule (or a data module that publishes "
-                            "`rollouts`, an evolrl.rollout.Rollouts)")
-        self.rollouts = rollouts
         precision = str(self.trainer.precision)
         require(not precision.startswith("16"), "trainer.precision", precision,
                 "bf16-mixed, bf16-true or 32 (float16 would need loss scaling, which the manual update does not do)")
-        if stage == "fit":
-            self.check_rollouts(rollouts)
-            if self.cpu_keep_freed_memory and self.trainer.strategy.root_device.type == "cpu":
-                keep_freed_memory()
-
-    def check_rollouts(self, rollouts: Rollouts) -> None:
-        """SettingError for an engine the loss cannot use (at ``fit``'s start; the CLI's before any model loads)."""
-        self.update.loss.check_engine(rollouts.engine)
+        if stage == "fit" and self.cpu_keep_freed_memory and self.trainer.strategy.root_device.type == "cpu":
+            keep_freed_memory()
 
     def configure_model(self) -> None:
         if self.policy is not None:
@@ -162,14 +158,19 @@ class EvolRLModule(L.LightningModule):
         self.reference = Frozen(reference) if reference is not None else None
 
     def configure_optimizers(self):
-        steps = total_training_steps(self.trainer, self.trainer.datamodule.steps_per_epoch())
-        total = steps * self.update.optimizer_steps(self.rollouts.sequences_per_step)
-        optimizer, scheduler = build_optimizer(list(self.policy.parameters()), self.optim_cfg, total)
+        optimizer, scheduler = build_optimizer(list(self.policy.parameters()), self.optim_cfg)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
-    def push_weights(self, new_version: bool = True) -> None:
-        """Hand the current weights to the rollout engine (``Rollouts.push``)."""
-        self.rollouts.push(self.policy, new_version)
+    def start_schedule(self, sequences: int) -> None:
+        """At the first training step: the schedule's length, the run's training steps x optimizer steps per step."""
+        scheduler = self.lr_schedulers()
+        if schedule_started(scheduler):
+            return
+        steps = self.trainer.estimated_stepping_batches
+        require(steps != float("inf") and steps >= 1, "trainer.max_steps", self.trainer.max_steps,
+                "a positive number of training steps: the training data has no length, so the learning-rate "
+                "schedule needs max_steps to know the run's length")
+        start_schedule(scheduler, int(steps) * self.update.optimizer_steps(sequences))
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["evolrl"] = {"skipped_steps": self.update.skipped_steps, **self.signal.state_dict(),
@@ -191,35 +192,41 @@ class EvolRLModule(L.LightningModule):
         if self.update.fused_head:
             check_fused_head(self.policy)
 
-    def on_train_start(self) -> None:
-        # Not in on_fit_start: with a sharded checkpoint Lightning restores it only after on_fit_start.
-        if not self.rollouts.loaded:
-            self.push_weights(new_version=False)  # version 0, or the resumed checkpoint's version
-
     # ---- one training step --------------------------------------------------------------
-    def training_step(self, request: RolloutRequest, batch_idx: int) -> dict:
+    def fresh(self, batch: RolloutBatch | RolloutSource) -> RolloutBatch:
+        """The step's rollouts (sampled now, for a request), refused if another version of the weights sampled them
+        (they would train off-policy) or if they do not say at which temperature."""
+        rollouts = batch if isinstance(batch, RolloutBatch) else batch.sample()
+        version, step = rollouts.weights_version, self.trainer.global_step
+        if version is not None and version != step:
+            raise RuntimeError(f"stale rollouts: sampled with weights version {version}, but the policy is at "
+                               f"version {step} (one version per training step)")
+        if rollouts.temperature is None:
+            raise ValueError("the rollout batch does not say at which temperature it was sampled "
+                             "(RolloutBatch.temperature): the loss scores its tokens under that temperature")
+        return rollouts
+
+    def training_step(self, batch: RolloutBatch | RolloutSource, batch_idx: int) -> dict:
         t0 = time.perf_counter()
-        rollouts = self.rollouts.check_fresh(request.sample())
+        rollouts = self.fresh(batch)
         t1 = time.perf_counter()
-        scored = score(self.reward, self.update, self.policy, rollouts, self.rollouts.pad_token_id,
-                       self.rollouts.temperature, self.device)  # rewards [P, V], the trained [P, G] as sequences
+        scored = score(self.reward, self.update, self.policy, rollouts, self.device)  # rewards [P, V], trained [P, G]
         t2 = time.perf_counter()
         self.signal(scored.advantages)
         seqs = scored.seqs
+        self.start_schedule(len(seqs))
         optimizer = CountedOnce(self.optimizers(), self.trainer.strategy, self.update.optimizer_steps(len(seqs)))
         stats = self.update(self.policy, self.reference.model if self.reference else None, seqs,
-                            self.rollouts.temperature, optimizer, self.lr_schedulers(), self.manual_backward,
+                            rollouts.temperature, optimizer, self.lr_schedulers(), self.manual_backward,
                             self.trainer.world_size, scored.policy_pass)
         t3 = time.perf_counter()
-        self.push_weights()
-        t4 = time.perf_counter()
 
         stats |= {
             "advantage_abs": scored.advantages.abs().mean().item(),
-            "lr": self.lr_schedulers().get_last_lr()[0],
+            "lr": self.optimizers().param_groups[0]["lr"],
             "skipped_steps": float(self.update.skipped_steps),
         }
-        timing = {"step": t4 - t0, "sample": t1 - t0, "reward": t2 - t1, "update": t3 - t2, "sync": t4 - t3}
+        timing = {"step": t3 - t0, "sample": t1 - t0, "reward": t2 - t1, "update": t3 - t2}
         # Entropy, lengths and the label-free diagnostics: the callbacks (evolrl.callbacks) read the output.
         logged = {k if "/" in k else f"train/{k}": v for k, v in stats.items() if k != "entropy"}  # mismatch/* as is
         self.log_dict(logged, on_step=True, batch_size=len(seqs))
@@ -230,13 +237,7 @@ class EvolRLModule(L.LightningModule):
         return {"rollouts": rollouts, "rewards": scored.rewards, "stats": stats, "timing": timing}
 
     # ---- evaluation ---------------------------------------------------------------------
-    def on_validation_start(self) -> None:
-        if not self.rollouts.loaded:  # `validate`/`test` without `fit`
-            self.push_weights(new_version=False)
-
-    on_test_start = on_validation_start
-
-    def validation_step(self, request: RolloutRequest, batch_idx: int, dataloader_idx: int = 0) -> dict:
+    def validation_step(self, request, batch_idx: int, dataloader_idx: int = 0) -> dict:
         """``{dataset, answers, correct, rollouts}``; answers and correctness are ``[problems][n]``."""
         return grade_request(request)
 

@@ -1,4 +1,10 @@
-"""AdamW with linear warmup and cosine decay, stepped once per optimizer step; the run's length in steps."""
+"""AdamW with linear warmup and cosine decay, stepped once per optimizer step, over the run's optimizer steps.
+
+The run's length is known only once training has started: its training steps from the trainer (Lightning's
+``estimated_stepping_batches``, once the training data is set up) and the optimizer steps per training step from the
+first rollout batch. So the schedule (:class:`WarmupCosine`) is built without it and given it at the first training
+step (:func:`start_schedule`); it is part of the scheduler's state, so a resumed run keeps it.
+"""
 
 from __future__ import annotations
 
@@ -53,28 +59,44 @@ def warmup_cosine(step: int, total: int, warmup_ratio: float, min_lr_ratio: floa
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_optimizer(params: list[nn.Parameter], cfg: Optimization, total_steps: int):
+class WarmupCosine:
+    """:func:`warmup_cosine` over ``total`` optimizer steps, a ``LambdaLR`` schedule; ``total`` is set once known
+    (:func:`start_schedule`). A callable object, so ``LambdaLR`` keeps ``total`` in its state dict."""
+
+    def __init__(self, warmup_ratio: float, min_lr_ratio: float = 0.0) -> None:
+        self.warmup_ratio = warmup_ratio
+        self.min_lr_ratio = min_lr_ratio
+        self.total: int | None = None
+
+    def __call__(self, step: int) -> float:
+        if self.total is None:  # only LambdaLR's first call, at construction: start_schedule sets the real one
+            return 1.0
+        return warmup_cosine(step, self.total, self.warmup_ratio, self.min_lr_ratio)
+
+
+def build_optimizer(params: list[nn.Parameter], cfg: Optimization):
+    """AdamW and its ``LambdaLR`` over a :class:`WarmupCosine` whose length is not set yet (:func:`start_schedule`)."""
     # The fused kernel: one pass over all parameters instead of a Python loop over them (much faster
     # for SmolLM2-135M on a CPU); it exists for floating-point parameters on CPU and CUDA.
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=fused)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: warmup_cosine(step, total_steps, cfg.warmup_ratio, cfg.min_lr_ratio)
-    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(cfg.warmup_ratio, cfg.min_lr_ratio))
     return optimizer, scheduler
 
 
-def total_training_steps(trainer, steps_per_epoch: int) -> int:
-    """Training steps in the whole run: ``trainer.max_steps`` if set, else epochs x (limited) steps per epoch.
+def schedule_started(scheduler) -> bool:
+    """Whether the schedule knows its length (from :func:`start_schedule`, or a restored checkpoint); another
+    scheduler (a subclass's own ``configure_optimizers``) needs none."""
+    schedule = getattr(scheduler, "lr_lambdas", [None])[0]
+    return not isinstance(schedule, WarmupCosine) or schedule.total is not None
 
-    ``steps_per_epoch`` comes from the data module rather than ``trainer.estimated_stepping_batches``,
-    which builds the train loader before a checkpoint's loader position is restored, and so loses it.
-    """
-    if trainer.max_steps and trainer.max_steps > 0:
-        return trainer.max_steps
-    limit = trainer.limit_train_batches
-    batches = min(steps_per_epoch, int(limit)) if isinstance(limit, int) else int(steps_per_epoch * (limit or 1.0))
-    return max(1, batches * max(1, trainer.max_epochs or 1))
+
+def start_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: int) -> None:
+    """Give the schedule its length and set the learning rate of the step it is at."""
+    schedule = scheduler.lr_lambdas[0]
+    schedule.total = total_steps
+    for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs):
+        group["lr"] = base * schedule(scheduler.last_epoch)
 
 
 class CountedOnce:

@@ -34,13 +34,18 @@ class Scored:
     """The policy pass a reward read, for the update's old log-probs; ``None`` when the reward read none."""
 
 
-def score(reward: Reward, update: GRPOUpdate, policy: nn.Module, rollouts: RolloutBatch, pad_token_id: int,
-          temperature: float, device: torch.device) -> Scored:
-    """Rewards ``[P, V]``, then group advantages of the trained ``[P, G]`` and their sequences."""
-    seqs = pack(rollouts, torch.zeros(rollouts.trained.shape), pad_token_id).to(device)
+PAD_ID = 0
+"""Right-padding positions are masked out of attention and loss, so their token id is never read: any id serves."""
+
+
+def score(reward: Reward, update: GRPOUpdate, policy: nn.Module, rollouts: RolloutBatch,
+          device: torch.device) -> Scored:
+    """Rewards ``[P, V]``, then group advantages of the trained ``[P, G]`` and their sequences (scored under the
+    temperature the rollouts were sampled at)."""
+    seqs = pack(rollouts, torch.zeros(rollouts.trained.shape), PAD_ID).to(device)
     policy_pass = None
     if getattr(reward, "needs_policy", False):
-        policy_pass = update.score(policy, seqs, temperature)
+        policy_pass = update.score(policy, seqs, rollouts.temperature)
         vocabulary = policy.get_output_embeddings().weight.shape[0]
         signal = PolicySignal.from_tokens(rollouts.trained, seqs.response_mask, policy_pass.logp, policy_pass.entropy,
                                           policy_pass.mean_logp, vocabulary)
