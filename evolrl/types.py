@@ -7,10 +7,9 @@ All are frozen and complete when built. The group axis is explicit: a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Protocol
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Protocol
 
 import torch
 
@@ -117,6 +116,66 @@ class RolloutSource(Protocol):
     def sample(self) -> RolloutBatch: ...
 
 
+COMPONENTS: dict[str, str] = {
+    "valid": "bool: the response's answer is valid (the reward's valid_rule)",
+    "majority": "bool: its answer is equivalent to the group's majority label",
+    "answer_class": "int: its answer's equivalence class in the group, in order of appearance (-1: no answer)",
+    "novelty": "float: EVOL-RL's novelty u (NaN where not embedded)",
+    "correct": "bool: its answer is equivalent to the ground truth (a verifier)",
+    "cluster_share": "float: the share of the group in its answer's cluster (semantic entropy)",
+    "self_certainty": "float: the response's self-certainty under the policy (NaN where not scored)",
+    "neg_entropy": "float: minus the response's mean token entropy under the policy (NaN where not scored)",
+}
+"""The names a reward's components may have, each with what it holds. A reward with a component of its own registers
+it (:func:`register_component`) so that asking for a misspelt name fails instead of finding nothing."""
+
+
+def register_component(name: str, meaning: str) -> None:
+    """Allow ``name`` as a reward component (``meaning``: its dtype and what it holds)."""
+    if not (isinstance(name, str) and name.isidentifier()):
+        raise ValueError(f"a component name is an identifier, got {name!r}")
+    COMPONENTS.setdefault(name, meaning)
+
+
+def _known(name: str) -> None:
+    if name not in COMPONENTS:
+        raise KeyError(f"{name!r} is not a reward component: one of {', '.join(COMPONENTS)} "
+                       "(a reward's own component is added with evolrl.types.register_component)")
+
+
+class Components(Mapping[str, torch.Tensor]):
+    """A reward's named ``[P, V]`` tensors, read-only. Every name is a registered one (:data:`COMPONENTS`): reading
+    or testing (``in``) an unknown name raises a KeyError, so a misspelt name never reads as absent."""
+
+    def __init__(self, values: Mapping[str, torch.Tensor]) -> None:
+        for name in values:
+            _known(name)
+        self._values = dict(values)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        _known(name)
+        if name not in self._values:
+            raise KeyError(f"this reward output has no component {name!r}; it has {', '.join(self._values) or 'none'}")
+        return self._values[name]
+
+    def __contains__(self, name: object) -> bool:
+        _known(name)
+        return name in self._values
+
+    def get(self, name: str, default: Any = None) -> Any:
+        _known(name)
+        return self._values.get(name, default)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"Components({', '.join(self._values)})"
+
+
 @dataclass(frozen=True)
 class RewardOutput:
     """Rewards for a rollout batch plus the named parts they were built from."""
@@ -128,7 +187,8 @@ class RewardOutput:
     labels: tuple[str | None, ...]
     """Per prompt: the majority label (or the ground truth for a verifier), ``[P]``."""
     components: Mapping[str, torch.Tensor] = field(default_factory=dict)
-    """Named ``[P, V]`` tensors, e.g. ``valid``, ``majority``, ``novelty``, ``answer_class``."""
+    """Named ``[P, V]`` tensors (:class:`Components`: names from :data:`COMPONENTS`), e.g. ``valid``, ``majority``,
+    ``novelty``, ``answer_class``."""
 
     def __post_init__(self) -> None:
         if self.rewards.dim() != 2:
@@ -141,4 +201,49 @@ class RewardOutput:
         for name, value in self.components.items():
             if tuple(value.shape) != shape:
                 raise ValueError(f"component {name!r} has shape {tuple(value.shape)}, expected {list(shape)}")
-        object.__setattr__(self, "components", MappingProxyType(dict(self.components)))
+        object.__setattr__(self, "components", Components(self.components))
+
+
+@dataclass(frozen=True, eq=False)
+class StepOutput(Mapping[str, Any]):
+    """What ``EvolRLModule.training_step`` returns, and what callbacks see in ``on_train_batch_end``. A Mapping too
+    (Lightning takes a training step's output as one): ``output["stats"]`` reads the field, an unknown key raises."""
+
+    rollouts: RolloutBatch
+    """The step's response groups (``[P][V]``) and the trained subset."""
+    rewards: RewardOutput
+    """Rewards ``[P, V]`` and their components."""
+    stats: Mapping[str, float]
+    """The update's numbers (``loss``, ``pg_loss``, ``entropy``, ``kl``, clip fractions, ``grad_norm``, ``lr``,
+    ``mismatch/*``...), as logged under ``train/``."""
+    timing: Mapping[str, float]
+    """Seconds: ``step``, ``sample``, ``reward``, ``update``."""
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.__dataclass_fields__:
+            raise KeyError(f"{key!r} is not part of a step output: {', '.join(self.__dataclass_fields__)}")
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(f.name for f in fields(self))
+
+    def __len__(self) -> int:
+        return len(fields(self))
+
+    def copy(self) -> StepOutput:
+        """Itself (frozen): Lightning copies a step's output before handing it to the callbacks."""
+        return self
+
+
+@dataclass(frozen=True)
+class EvalOutput:
+    """What ``EvolRLModule.validation_step`` / ``test_step`` return: one batch of graded evaluation samples."""
+
+    dataset: str
+    """The evaluation set's name."""
+    answers: Sequence[Sequence[str | None]]
+    """Extracted answers, ``[problems][n]``."""
+    correct: Sequence[Sequence[bool]]
+    """Whether each answer is right, ``[problems][n]``."""
+    rollouts: RolloutBatch
+    """The sampled groups."""

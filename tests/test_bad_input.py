@@ -105,9 +105,9 @@ def test_all_responses_invalid_gives_zero_advantages_and_a_warning(tiny_model):
 
     module_reward = EvolReward(valid_rule="digit", number_fallback=False)
     from evolrl.data import AdditionPrompts
-    from evolrl.training import EvolRLModule
+    from evolrl.training import Batching, EvolRLModule
 
-    module = EvolRLModule(tiny_model, reward=module_reward, mini_batch_size=6, micro_batch_size=2)
+    module = EvolRLModule(tiny_model, reward=module_reward, batching=Batching(6, 2))
     data = RolloutDataModule(AdditionPrompts(count=4), model=tiny_model, engine=HFEngine(), prompts_per_step=2,
                              vote_samples=3, trained_samples=3, sampling=Sampling(max_new_tokens=4))
     recorder = Recorder()
@@ -207,6 +207,12 @@ def _module(**kwargs):
     return EvolRLModule("unused", reward=EvolReward(), **kwargs)
 
 
+def _batching(**kwargs):
+    from evolrl.training import Batching
+
+    return Batching(**kwargs)
+
+
 def _loss(**kwargs):
     from evolrl.training import GRPOLoss
 
@@ -227,11 +233,11 @@ def _vllm(**kwargs):
 
 TRAINING_SETTINGS = [
     # (build, key in the message, value in the message, allowed range in the message)
-    (lambda: _module(micro_batch_size=0), "EvolRLModule.micro_batch_size", "0", ">= 1"),
-    (lambda: _module(mini_batch_size=4, micro_batch_size=8), "EvolRLModule.micro_batch_size", "8",
+    (lambda: _batching(micro_batch_size=0), "Batching.micro_batch_size", "0", ">= 1"),
+    (lambda: _batching(mini_batch_size=4, micro_batch_size=8), "Batching.micro_batch_size", "8",
      "at most mini_batch_size=4"),
-    (lambda: _module(mini_batch_size=0), "EvolRLModule.mini_batch_size", "0", ">= 1"),
-    (lambda: _module(logprob_chunk_size=0), "EvolRLModule.logprob_chunk_size", "0", ">= 1"),
+    (lambda: _batching(mini_batch_size=0), "Batching.mini_batch_size", "0", ">= 1"),
+    (lambda: _batching(logprob_chunk_size=0), "Batching.logprob_chunk_size", "0", ">= 1"),
     (lambda: _module(dtype="float64"), "EvolRLModule.dtype", "'float64'", "one of 'float32'"),
     (lambda: _module(cpu_keep_freed_memory="yes"), "EvolRLModule.cpu_keep_freed_memory", "'yes'", "true or false"),
     (lambda: _loss(clip_low=1.0), "GRPOLoss.clip_low", "1.0", "in [0.0, 1.0)"),
@@ -286,7 +292,7 @@ def test_an_out_of_range_setting_fails_when_built(build, key, value, allowed):
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    ({"model": {"micro_batch_size": 0}}, "EvolRLModule.micro_batch_size=0 is not allowed: an integer >= 1"),
+    ({"model": {"batching": {"micro_batch_size": 0}}}, "Batching.micro_batch_size=0 is not allowed: an integer >= 1"),
     ({"data": {"sampling": {"top_p": 0.0}}}, "Sampling.top_p=0.0 is not allowed: a number in (0.0, 1.0]"),
     ({"model": {"loss": {"clip_high": -0.2}}}, "GRPOLoss.clip_high=-0.2 is not allowed"),
     ({"data": {"vote_samples": 4, "trained_samples": 8}}, "trained_samples=8 is not allowed: at most vote_samples=4"),
@@ -319,9 +325,9 @@ def test_a_mismatch_correction_with_an_engine_without_log_probs_stops_the_cli(tm
 def test_a_mismatch_correction_with_an_engine_without_log_probs_is_refused_at_start(tiny_model):
     from evolrl.data import AdditionPrompts
     from evolrl.settings import SettingError
-    from evolrl.training import EvolRLModule, GRPOLoss
+    from evolrl.training import Batching, EvolRLModule, GRPOLoss
 
-    module = EvolRLModule(tiny_model, reward=EvolReward(), mini_batch_size=2, micro_batch_size=2,
+    module = EvolRLModule(tiny_model, reward=EvolReward(), batching=Batching(2, 2),
                           loss=GRPOLoss(mismatch_correction="token_truncate"))
     data = RolloutDataModule(AdditionPrompts(count=4), model=tiny_model, engine=HFEngine(), prompts_per_step=2,
                              vote_samples=2, trained_samples=2)
@@ -336,9 +342,9 @@ def test_a_mismatch_correction_with_an_engine_without_log_probs_is_refused_at_st
 def test_float16_precision_is_refused_at_start(tiny_model):
     from evolrl.data import AdditionPrompts
     from evolrl.settings import SettingError
-    from evolrl.training import EvolRLModule
+    from evolrl.training import Batching, EvolRLModule
 
-    module = EvolRLModule(tiny_model, reward=EvolReward(), mini_batch_size=2, micro_batch_size=2)
+    module = EvolRLModule(tiny_model, reward=EvolReward(), batching=Batching(2, 2))
     data = RolloutDataModule(AdditionPrompts(count=4), model=tiny_model, engine=HFEngine(), prompts_per_step=2,
                              vote_samples=2, trained_samples=2)
     trainer = L.Trainer(accelerator="cpu", precision="16-true", max_steps=1, logger=False,

@@ -93,11 +93,11 @@ def policy(tiny_model):
 
 @pytest.mark.parametrize("packed", [False, True])
 def test_the_policy_pass_is_the_policys_own_distribution(policy, packed):
-    from evolrl.training.update import GRPOLoss, GRPOUpdate
+    from evolrl.training import Batching, GRPOLoss, GRPOUpdate
 
     seqs = sequences(policy.config.vocab_size, [1.0, -1.0, 0.5, -0.5])
-    update = GRPOUpdate(GRPOLoss(), mini_batch_size=2, micro_batch_size=1, chunk_size=5, max_grad_norm=1.0,
-                        max_tokens_per_micro_batch=20 if packed else None, packed=packed)
+    update = GRPOUpdate(GRPOLoss(), Batching(mini_batch_size=2, micro_batch_size=1, logprob_chunk_size=5,
+                                             max_tokens_per_micro_batch=20 if packed else None, packed=packed), 1.0)
     scored = update.score(policy, seqs, 0.7)
     with torch.no_grad():
         logq = torch.log_softmax(policy(input_ids=seqs.input_ids, attention_mask=seqs.attention_mask).logits[:, :-1]
@@ -117,7 +117,7 @@ def test_the_policy_pass_is_the_policys_own_distribution(policy, packed):
 
 
 def test_an_update_given_the_policy_pass_is_the_update_without_it(tiny_model):
-    from evolrl.training.update import GRPOLoss, GRPOUpdate
+    from evolrl.training import Batching, GRPOLoss, GRPOUpdate
 
     results = []
     for with_pass in (False, True):
@@ -126,7 +126,7 @@ def test_an_update_given_the_policy_pass_is_the_update_without_it(tiny_model):
         seqs = sequences(policy.config.vocab_size, [1.0, -1.0, 0.5, -0.5])
         optimizer = torch.optim.SGD(policy.parameters(), lr=0.1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-        update = GRPOUpdate(GRPOLoss(), mini_batch_size=2, micro_batch_size=1, chunk_size=7, max_grad_norm=1.0)
+        update = GRPOUpdate(GRPOLoss(), Batching(mini_batch_size=2, micro_batch_size=1, logprob_chunk_size=7), 1.0)
         scored = update.score(policy, seqs, 0.7) if with_pass else None
         calls, forward = [], update.forward
 

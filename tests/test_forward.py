@@ -103,12 +103,12 @@ def test_a_soft_capped_model_is_refused_with_the_setting_name():
     config = Gemma2Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                           num_attention_heads=2, num_key_value_heads=1, head_dim=16)
     model = Gemma2ForCausalLM(config)
-    with pytest.raises(SettingError, match=r"EvolRLModule.fused_head=True is not allowed: .*unchanged.*set it to false"):
+    with pytest.raises(SettingError, match=r"Batching.fused_head=True is not allowed: .*unchanged.*set it to false"):
         check_fused_head(model)
 
 
 def test_an_output_layer_that_is_not_a_plain_linear_is_refused():
     model = tiny_llama(tied=False)
     model.set_output_embeddings(nn.Sequential(nn.Linear(32, 300, bias=False)))
-    with pytest.raises(SettingError, match=r"EvolRLModule.fused_head=True .*plain torch.nn.Linear .*Sequential"):
+    with pytest.raises(SettingError, match=r"Batching.fused_head=True .*plain torch.nn.Linear .*Sequential"):
         check_fused_head(model)

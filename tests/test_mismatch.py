@@ -22,6 +22,7 @@ from evolrl.algorithms.mismatch import (
     truncated_token_weights,
 )
 from evolrl.models import load_policy
+from evolrl.training import Batching
 from evolrl.training.forward import sequence_logprobs
 from evolrl.training.sequences import Sequences, pack
 from evolrl.training.update import GRPOLoss, GRPOUpdate
@@ -160,8 +161,8 @@ def sgd_update(tiny_model, seqs, mini_batch_size, **loss):
     policy = load_policy(tiny_model)
     optimizer = torch.optim.SGD(policy.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    update = GRPOUpdate(GRPOLoss(**{"kl_coef": 0.0, **loss}), mini_batch_size=mini_batch_size, micro_batch_size=3,
-                        chunk_size=16, max_grad_norm=1e6)
+    update = GRPOUpdate(GRPOLoss(**{"kl_coef": 0.0, **loss}),
+                        Batching(mini_batch_size=mini_batch_size, micro_batch_size=3, logprob_chunk_size=16), 1e6)
     stats = update(policy, None, seqs, 0.7, optimizer, scheduler)
     return stats, {n: p.detach().clone() for n, p in policy.named_parameters()}
 

@@ -15,7 +15,7 @@ from torch import nn
 from evolrl.models import load_policy
 from evolrl.rollout import Sampling
 from evolrl.settings import SettingError
-from evolrl.training import EvolRLModule
+from evolrl.training import Batching, EvolRLModule
 from evolrl.training.forward import sequence_logprobs
 from evolrl.training.packing import check_packing, packed_logprobs
 from evolrl.training.plan import lockstep, micro_batch_plan, pass_tokens, token_budget_plan
@@ -113,10 +113,10 @@ def test_packed_sequences_cannot_see_each_other(policy):
     assert change_of_the_others(policy, seqs) < 1e-6  # block-diagonal: the others never saw the first sequence
     assert change_of_the_others(FullCausalMask(policy), seqs) > 1e-2  # the check sees a leak where there is one
     check_packing(policy)
-    with pytest.raises(SettingError, match=r"EvolRLModule.packed=True is not allowed: .*a probe"):
+    with pytest.raises(SettingError, match=r"Batching.packed=True is not allowed: .*a probe"):
         check_packing(FullCausalMask(policy))
     odd = SimpleNamespace(config=SimpleNamespace(_attn_implementation="paged_attention"))
-    with pytest.raises(SettingError, match=r"EvolRLModule.packed=True .*attention is 'paged_attention'"):
+    with pytest.raises(SettingError, match=r"Batching.packed=True .*attention is 'paged_attention'"):
         check_packing(odd)
 
 
@@ -178,8 +178,8 @@ def run_update(tiny_model, seqs, plan_wrapper=None, loss=None, **settings) -> tu
     reference = load_policy(tiny_model).eval().requires_grad_(False)
     optimizer = torch.optim.SGD(policy.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    update = GRPOUpdate(GRPOLoss(kl_coef=0.05, **(loss or {})), mini_batch_size=4, chunk_size=16, max_grad_norm=1.0,
-                        **settings)
+    update = GRPOUpdate(GRPOLoss(kl_coef=0.05, **(loss or {})),
+                        Batching(**{"mini_batch_size": 4, "logprob_chunk_size": 16, **settings}), max_grad_norm=1.0)
     if plan_wrapper is not None:
         update.plan = plan_wrapper(update.plan)
     stats = update(policy, reference, seqs, 0.7, optimizer, scheduler)
@@ -225,22 +225,22 @@ def test_a_filler_pass_adds_exactly_nothing(tiny_model, policy, packed):
 
 
 @pytest.mark.parametrize(("settings", "message"), [
-    ({"max_tokens_per_micro_batch": 0}, "EvolRLModule.max_tokens_per_micro_batch=0 is not allowed: an integer >= 1"),
-    ({"max_tokens_per_micro_batch": 2.5}, "EvolRLModule.max_tokens_per_micro_batch=2.5 is not allowed: an integer"),
-    ({"max_tokens_per_micro_batch": True}, "EvolRLModule.max_tokens_per_micro_batch=True is not allowed"),
-    ({"packed": "yes"}, "EvolRLModule.packed='yes' is not allowed: true or false"),
-    ({"fused_head": 1}, "EvolRLModule.fused_head=1 is not allowed: true or false"),
+    ({"max_tokens_per_micro_batch": 0}, "Batching.max_tokens_per_micro_batch=0 is not allowed: an integer >= 1"),
+    ({"max_tokens_per_micro_batch": 2.5}, "Batching.max_tokens_per_micro_batch=2.5 is not allowed: an integer"),
+    ({"max_tokens_per_micro_batch": True}, "Batching.max_tokens_per_micro_batch=True is not allowed"),
+    ({"packed": "yes"}, "Batching.packed='yes' is not allowed: true or false"),
+    ({"fused_head": 1}, "Batching.fused_head=1 is not allowed: true or false"),
 ])
 def test_bad_batching_settings_are_refused_with_their_name(tiny_model, settings, message):
     with pytest.raises(SettingError, match=message.replace(".", r"\.").replace("(", r"\(")):
-        EvolRLModule(tiny_model, **settings)
+        EvolRLModule(tiny_model, batching=Batching(**settings))
 
 
 def test_a_token_budget_replaces_the_micro_batch_count(tiny_model):
-    module = EvolRLModule(tiny_model, mini_batch_size=4, micro_batch_size=8, max_tokens_per_micro_batch=64)
-    assert module.update.max_tokens_per_micro_batch == 64  # micro_batch_size > mini_batch_size: unused, not refused
-    with pytest.raises(SettingError, match="EvolRLModule.micro_batch_size=8 is not allowed: at most"):
-        EvolRLModule(tiny_model, mini_batch_size=4, micro_batch_size=8)
+    batching = Batching(mini_batch_size=4, micro_batch_size=8, max_tokens_per_micro_batch=64)
+    assert EvolRLModule(tiny_model, batching=batching).update.batching.max_tokens_per_micro_batch == 64  # unused
+    with pytest.raises(SettingError, match="Batching.micro_batch_size=8 is not allowed: at most"):
+        Batching(mini_batch_size=4, micro_batch_size=8)
 
 
 def test_a_packed_token_budget_run_gives_the_padded_gradient(tiny_model):

@@ -46,6 +46,7 @@ from evolrl.rewards import EvolReward, NoveltyBands, SentenceTransformerEmbedder
 from evolrl.rollout import Rollouts
 from evolrl.rollout.engine import RolloutEngine, Sampling
 from evolrl.rollout.seeds import Seeds
+from evolrl.training.batching import Batching
 from evolrl.training.loss import GRPOLoss
 from evolrl.training.optim import Optimization, build_optimizer, start_schedule
 from evolrl.training.scoring import score
@@ -58,10 +59,10 @@ SEED, TEMPERATURE, STEPS, PROMPTS, V, G = 5, 0.8, 3, 2, 6, 4
 LOSS = {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 3.0, "kl_coef": 0.05, "entropy_coef": 0.01,
         "mismatch_correction": "token_truncate", "mismatch_token_cap": 1.05}
 OPTIM = {"lr": 3e-3, "warmup_ratio": 0.2, "weight_decay": 0.01}
-PLANS = {  # the same update, split three ways: the record uses the first
-    "padded passes of 3": {"mini_batch_size": 5, "micro_batch_size": 3},
+PLANS = {  # the same update, split two ways: the record uses the first
+    "padded passes of 3": {"mini_batch_size": 5, "micro_batch_size": 3, "logprob_chunk_size": 7},
     "packed, 200-token budget": {"mini_batch_size": 5, "micro_batch_size": 3, "max_tokens_per_micro_batch": 200,
-                                "packed": True},
+                                "packed": True, "logprob_chunk_size": 7},
 }
 
 
@@ -128,7 +129,7 @@ def replay(tiny_dir: str, record: dict, embedder, dtype: torch.dtype = torch.flo
                         trained_samples=G, eval_samples=1, eval_prompts_per_batch=1, seeds=Seeds(SEED))
     rollouts.setup(tokenizer, longest_prompt=64, evaluates=False)
     reward = EvolReward(NoveltyBands(embedder=embedder, alpha=0.3), valid_rule="digit", number_fallback=False)
-    update = GRPOUpdate(GRPOLoss(**LOSS), chunk_size=7, max_grad_norm=1.0, **PLANS[plan])
+    update = GRPOUpdate(GRPOLoss(**LOSS), Batching(**PLANS[plan]), max_grad_norm=1.0)
     optimizer, scheduler = build_optimizer(list(policy.parameters()), Optimization(**OPTIM))
     start_schedule(scheduler, STEPS * update.optimizer_steps(PROMPTS * G))
     outcomes = []
@@ -248,7 +249,7 @@ def fit_config(tmp_path: Path, model: str) -> Path:
                        "init_args": {"valid_rule": "any", "number_fallback": True, "novelty": {"alpha": 0.3}}},
             "loss": {"clip_low": 0.2, "clip_high": 0.25, "kl_coef": 0.01, "entropy_coef": 0.002},
             "optim": {"lr": 1e-4, "warmup_ratio": 0.2},
-            "mini_batch_size": 5, "micro_batch_size": 3,
+            "batching": {"mini_batch_size": 5, "micro_batch_size": 3},
         },
         "data": {
             "train": {"class_path": "evolrl.data.AdditionPrompts", "init_args": {"count": 8}},

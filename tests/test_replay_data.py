@@ -9,7 +9,7 @@ import torch
 from evolrl.data import AdditionPrompts, RolloutDataModule
 from evolrl.rewards import MajorityVoteReward
 from evolrl.rollout import EngineSync, HFEngine, Sampling
-from evolrl.training import EvolRLModule, Optimization
+from evolrl.training import Batching, EvolRLModule, Optimization
 from evolrl.types import RolloutBatch
 
 
@@ -36,8 +36,8 @@ class Seen(L.Callback):
 
 def train(tiny_model: str, data: L.LightningDataModule, steps: int) -> tuple[EvolRLModule, Seen, L.Trainer]:
     L.seed_everything(0)
-    module = EvolRLModule(tiny_model, reward=MajorityVoteReward(), optim=Optimization(lr=1e-2), mini_batch_size=6,
-                          micro_batch_size=3)
+    module = EvolRLModule(tiny_model, reward=MajorityVoteReward(), optim=Optimization(lr=1e-2),
+                          batching=Batching(mini_batch_size=6, micro_batch_size=3))
     seen = Seen()
     trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=steps, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

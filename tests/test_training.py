@@ -7,7 +7,7 @@ import itertools
 import json
 import re
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import lightning as L
@@ -22,7 +22,7 @@ from evolrl.models import load_policy
 from evolrl.rewards import MajorityVoteReward
 from evolrl.rollout import HFEngine, Sampling
 from evolrl.settings import SettingError
-from evolrl.training import EvolRLModule, GRPOLoss, Optimization
+from evolrl.training import Batching, EvolRLModule, GRPOLoss, Optimization
 
 CONFIGS = Path(__file__).parent.parent / "configs"
 
@@ -81,7 +81,7 @@ def tiny_config(tmp_path: Path, model: str, steps: int = 2, reward: str = "EvolR
             "model": model,
             "reward": {"class_path": f"evolrl.rewards.{reward}",
                        "init_args": {"valid_rule": "any", "number_fallback": True}},
-            "mini_batch_size": 4, "micro_batch_size": 2, "optim": {"lr": 1e-3}, **model_overrides,
+            "batching": {"mini_batch_size": 4, "micro_batch_size": 2}, "optim": {"lr": 1e-3}, **model_overrides,
         },
         "data": {
             "train": {"class_path": "evolrl.data.AdditionPrompts", "init_args": {"count": 8}},
@@ -177,10 +177,14 @@ class Recorder(L.Callback):
         self.losses.append(outputs["stats"]["loss"])
 
 
+BATCHING = {f.name for f in fields(Batching)}
+
+
 def fit(model_dir: str, steps: int = 1, module_kwargs=None, datamodule_cls=RolloutDataModule, callbacks=(),
         trainer_kwargs=None, **data_kwargs):
-    module = EvolRLModule(model_dir, **{"reward": MajorityVoteReward(), "mini_batch_size": 6, "micro_batch_size": 2,
-                                        **(module_kwargs or {})})
+    kwargs = {"reward": MajorityVoteReward(), **(module_kwargs or {})}  # Batching's fields by name too
+    batching = {"mini_batch_size": 6, "micro_batch_size": 2} | {k: kwargs.pop(k) for k in BATCHING & set(kwargs)}
+    module = EvolRLModule(model_dir, batching=Batching(**batching), **kwargs)
     data = datamodule_cls(AdditionPrompts(count=8), model=model_dir, **{
         "engine": HFEngine(), "prompts_per_step": 2, "vote_samples": 4, "trained_samples": 3,
         "sampling": Sampling(max_new_tokens=6),
@@ -406,7 +410,7 @@ def test_resume_gives_the_same_next_steps(tmp_path, tiny_model):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     def run(ckpt_path=None, directory=tmp_path / "full"):
-        module = EvolRLModule(tiny_model, reward=MajorityVoteReward(), mini_batch_size=6, micro_batch_size=2,
+        module = EvolRLModule(tiny_model, reward=MajorityVoteReward(), batching=Batching(6, 2),
                               optim=Optimization(lr=1e-2, warmup_ratio=0.3))
         data = RolloutDataModule(AdditionPrompts(count=8), model=tiny_model, engine=HFEngine(), prompts_per_step=2,
                                  vote_samples=4, trained_samples=3, sampling=Sampling(max_new_tokens=6))
@@ -455,7 +459,7 @@ def test_a_step_is_a_training_step_for_max_steps_and_checkpoints(tmp_path, tiny_
     still count training steps, like the progress bar and the curves."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    module = EvolRLModule(tiny_model, reward=MajorityVoteReward(), mini_batch_size=3, micro_batch_size=2)
+    module = EvolRLModule(tiny_model, reward=MajorityVoteReward(), batching=Batching(3, 2))
     data = RolloutDataModule(AdditionPrompts(count=8), model=tiny_model, engine=HFEngine(), prompts_per_step=2,
                              vote_samples=4, trained_samples=3, sampling=Sampling(max_new_tokens=6))
     recorder = Recorder()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from evolrl.models import load_policy
+from evolrl.training import Batching
 from evolrl.training.sequences import Sequences
 from evolrl.training.update import GRPOLoss, GRPOUpdate
 
@@ -27,7 +28,7 @@ def run(tiny_model, advantages, **loss):
     reference = load_policy(tiny_model).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    update = GRPOUpdate(GRPOLoss(**loss), mini_batch_size=2, micro_batch_size=1, chunk_size=7, max_grad_norm=1.0)
+    update = GRPOUpdate(GRPOLoss(**loss), Batching(mini_batch_size=2, micro_batch_size=1, logprob_chunk_size=7), max_grad_norm=1.0)
     stats = update(policy, reference, sequences(policy.config.vocab_size, advantages), 0.7, optimizer, scheduler)
     return update, stats, before, policy, scheduler
 
@@ -65,7 +66,7 @@ def test_under_bf16_autocast_a_later_mini_batch_trains_on_the_weights_the_earlie
 
     optimizer = Snapshot(policy.parameters(), lr=0.5)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    update = GRPOUpdate(GRPOLoss(), mini_batch_size=2, micro_batch_size=2, chunk_size=7, max_grad_norm=1e6)
+    update = GRPOUpdate(GRPOLoss(), Batching(mini_batch_size=2, micro_batch_size=2, logprob_chunk_size=7), max_grad_norm=1e6)
     trained, forward = [], update.forward
 
     def spy(model, part, temperature):

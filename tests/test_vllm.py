@@ -21,7 +21,7 @@ from evolrl.data.chat import render_prompt
 from evolrl.models import load_policy, load_tokenizer
 from evolrl.rollout import Sampling, VLLMEngine
 from evolrl.rollout.check import sampler_logprob_gap
-from evolrl.training import GRPOLoss, GRPOUpdate
+from evolrl.training import Batching, GRPOLoss, GRPOUpdate
 from evolrl.training.sequences import pack
 from evolrl.types import Prompt, RolloutBatch
 
@@ -112,8 +112,8 @@ def mismatch_update(seqs, trainer_policy, correction: str | None, **loss):
     before = [p.detach().clone() for p in policy.parameters()]
     optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    update = GRPOUpdate(GRPOLoss(kl_coef=0.0, mismatch_correction=correction, **loss), mini_batch_size=len(seqs),
-                        micro_batch_size=4, chunk_size=64, max_grad_norm=1e6)
+    update = GRPOUpdate(GRPOLoss(kl_coef=0.0, mismatch_correction=correction, **loss),
+                        Batching(mini_batch_size=len(seqs), micro_batch_size=4, logprob_chunk_size=64), 1e6)
     stats = update(policy, None, seqs, 1.0, optimizer, scheduler)
     return stats, torch.cat([(p.detach() - b).flatten() for p, b in zip(policy.parameters(), before)])
 

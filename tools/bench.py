@@ -92,7 +92,7 @@ def run_evolrl(a: argparse.Namespace) -> dict:
     from evolrl.data import AdditionPrompts, RolloutDataModule
     from evolrl.rewards import EvolReward
     from evolrl.rollout import HFEngine, Sampling
-    from evolrl.training import EvolRLModule, GRPOLoss, Optimization
+    from evolrl.training import Batching, EvolRLModule, GRPOLoss, Optimization
 
     steps: list[dict] = []
 
@@ -123,7 +123,7 @@ def run_evolrl(a: argparse.Namespace) -> dict:
         reward=EvolReward(number_fallback=True) if evol else shared_reward(),
         loss=GRPOLoss(clip_low=0.2, clip_high=0.2, dual_clip=None, kl_coef=0.0, entropy_coef=0.0),
         optim=Optimization(lr=a.lr, warmup_ratio=0.0, weight_decay=0.0),
-        mini_batch_size=a.prompts * group, micro_batch_size=min(a.micro_batch, a.prompts * group),
+        batching=Batching(mini_batch_size=a.prompts * group, micro_batch_size=min(a.micro_batch, a.prompts * group)),
         gradient_checkpointing=a.gradient_checkpointing,
     )
     data = RolloutDataModule(

@@ -144,7 +144,7 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
     from evolrl.training.build import Dtypes, build_models
     from evolrl.training.optim import Optimization, build_optimizer, start_schedule
     from evolrl.training.plan import pass_tokens
-    from evolrl.training.update import GRPOLoss, GRPOUpdate
+    from evolrl.training.update import Batching, GRPOLoss, GRPOUpdate
 
     torch.set_num_threads(threads)
     if allocator == "trainer":
@@ -154,8 +154,9 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
     packed = path == "packed"
     policy, reference = build_models(model, Dtypes.resolve(precision, "float32"), kl_coef > 0,
                                      gradient_checkpointing=gradient_checkpointing, packed=packed)
-    update = GRPOUpdate(GRPOLoss(kl_coef=kl_coef, entropy_coef=entropy_coef), mini_batch, micro_batch, chunk, 1.0,
+    batching = Batching(mini_batch_size=mini_batch, micro_batch_size=micro_batch, logprob_chunk_size=chunk,
                         max_tokens_per_micro_batch=budget if packed else None, packed=packed)
+    update = GRPOUpdate(GRPOLoss(kl_coef=kl_coef, entropy_coef=entropy_coef), batching, 1.0)
     optimizer, scheduler = build_optimizer(list(policy.parameters()), Optimization())
     start_schedule(scheduler, 1000)
 

@@ -18,7 +18,7 @@ format) under OUT_DIR/checkpoints; ``--resume PATH`` continues from one of them.
 and 1 process with both prompts (``--devices 1 --prompts-per-step 2``) train on the same data and
 their first gradients can be compared.
 
-``--max-tokens N`` plans micro-batches by a token budget (``EvolRLModule.max_tokens_per_micro_batch``) and
+``--max-tokens N`` plans micro-batches by a token budget (``Batching.max_tokens_per_micro_batch``) and
 ``--packed`` packs each into one row; with ``--scripted --uneven`` the responses' lengths depend on the prompt, so
 ranks split their mini-batches differently and must pad to the same number of passes (``plan.lockstep``). Every
 rank reports its passes and filler passes per mini-batch; rank 0 also saves the final full weights (``final.pt``).
@@ -58,7 +58,7 @@ from evolrl.rollout import HFEngine, Sampling, VLLMEngine
 from evolrl.rollout.check import sampler_logprob_gap
 from evolrl.rollout.engine import build_group
 from evolrl.rollout.vllm_engine import full_state_dict
-from evolrl.training import EvolRLModule, GRPOLoss, Optimization
+from evolrl.training import Batching, EvolRLModule, GRPOLoss, Optimization
 from evolrl.training.forward import sequence_logprobs
 from evolrl.training.module import Frozen
 from evolrl.training.sequences import Sequences
@@ -228,7 +228,7 @@ class Prompts(L.Callback):
 
     def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0):
         if not trainer.sanity_checking:
-            self.evaluated += [p.id for p in outputs["rollouts"].prompts]
+            self.evaluated += [p.id for p in outputs.rollouts.prompts]
 
 
 def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int = 1, scripted: bool = False,
@@ -238,9 +238,9 @@ def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int =
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     group = 3
     module_class = EveryRankLoading if loading == "every-rank" else PlainSGD if sgd else EvolRLModule
-    module = module_class(model_dir, reward=MajorityVoteReward(), mini_batch_size=group * prompts_per_step,
-                          micro_batch_size=2, max_tokens_per_micro_batch=max_tokens, packed=packed,
-                          loss=GRPOLoss(mismatch_correction=mismatch),
+    batching = Batching(mini_batch_size=group * prompts_per_step, micro_batch_size=2,
+                        max_tokens_per_micro_batch=max_tokens, packed=packed)
+    module = module_class(model_dir, reward=MajorityVoteReward(), batching=batching, loss=GRPOLoss(mismatch_correction=mismatch),
                           # scripted: no clipping, which would hide a wrong gradient scale
                           optim=Optimization(lr=1e-2, max_grad_norm=1e6 if scripted else 1.0))
     if scripted:

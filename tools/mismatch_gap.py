@@ -64,8 +64,9 @@ def measure(configs: list[str], steps: int, engine_dtype: str | None, precision:
         batch = RolloutBatch(sampled.groups, sampled.weights_version, torch.arange(v).repeat(p, 1))  # all V
         seqs = pack(batch, torch.zeros(p, v), rollouts.pad_token_id).to(device)
         tokens += int(seqs.response_mask.sum())
-        for start in range(0, len(seqs), update.micro_batch_size):
-            part = seqs.select(list(range(start, min(start + update.micro_batch_size, len(seqs)))))
+        micro = update.batching.micro_batch_size
+        for start in range(0, len(seqs), micro):
+            part = seqs.select(list(range(start, min(start + micro, len(seqs)))))
             with torch.no_grad(), autocast:
                 old = update.forward(policy, part, rollouts.temperature)[0]
             for mode, loss in losses.items():

@@ -18,7 +18,7 @@ metrics that need them are skipped.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from evolrl.settings import require
-from evolrl.types import RewardOutput, RolloutBatch
+from evolrl.types import EvalOutput, RewardOutput, RolloutBatch, StepOutput
 
 
 @dataclass(frozen=True)
@@ -68,30 +68,29 @@ class EvalView:
     distributed sampler) then counts once."""
 
 
-def evolrl_train_view(outputs: Mapping[str, Any], batch: Any) -> TrainView | None:
-    """The view of an ``EvolRLModule.training_step`` output."""
-    if not isinstance(outputs, Mapping) or "rollouts" not in outputs:
+def evolrl_train_view(outputs: Any, batch: Any) -> TrainView | None:
+    """The view of an ``EvolRLModule.training_step`` output (a :class:`~evolrl.types.StepOutput`)."""
+    if not isinstance(outputs, StepOutput):
         return None
-    rollouts: RolloutBatch = outputs["rollouts"]
+    rollouts = outputs.rollouts
     lengths = torch.tensor([[len(r) for r in g.response_ids] for g in rollouts.groups], dtype=torch.float)
     return TrainView(
-        rewards=outputs.get("rewards"),
+        rewards=outputs.rewards,
         rollouts=rollouts,
-        entropy=outputs.get("stats", {}).get("entropy"),
+        entropy=outputs.stats["entropy"],
         response_lengths=lengths,
         truncated=rollouts.truncated(),
         step=rollouts.weights_version,
     )
 
 
-def evolrl_eval_view(outputs: Mapping[str, Any], batch: Any) -> EvalView | None:
-    """The view of an ``EvolRLModule.validation_step`` / ``test_step`` output."""
-    if not isinstance(outputs, Mapping) or "correct" not in outputs:
+def evolrl_eval_view(outputs: Any, batch: Any) -> EvalView | None:
+    """The view of an ``EvolRLModule.validation_step`` / ``test_step`` output (an :class:`~evolrl.types.EvalOutput`)."""
+    if not isinstance(outputs, EvalOutput):
         return None
-    rollouts = outputs.get("rollouts")
-    return EvalView(outputs["dataset"], outputs["answers"], outputs["correct"],
-                    rollouts.weights_version if rollouts is not None else None,
-                    [p.id for p in rollouts.prompts] if rollouts is not None else None)
+    rollouts = outputs.rollouts
+    return EvalView(outputs.dataset, outputs.answers, outputs.correct, rollouts.weights_version,
+                    [p.id for p in rollouts.prompts])
 
 
 class TrainViewCallback(L.Callback):

@@ -6,19 +6,16 @@
 from __future__ import annotations
 
 from evolrl.data.datamodule import RolloutRequest
+from evolrl.types import EvalOutput
 
 
-def grade_request(request: RolloutRequest) -> dict:
-    """``{dataset, answers, correct, rollouts}`` of a validation/test batch; answers and correctness are
-    ``[problems][n]``, graded by the evaluation set's grader."""
+def grade_request(request: RolloutRequest) -> EvalOutput:
+    """A validation/test batch sampled and graded by its evaluation set's grader (answers, correctness
+    ``[problems][n]``)."""
     if request.eval_set is None:
         raise ValueError("grade_request needs an evaluation batch (a request with its eval_set)")
     rollouts = request.sample()
     grader = request.eval_set.grader
     graded = [[grader(text, group.prompt.answer) for text in group.texts] for group in rollouts.groups]
-    return {
-        "dataset": request.eval_set.name,
-        "answers": [[a for a, _ in row] for row in graded],
-        "correct": [[c for _, c in row] for row in graded],
-        "rollouts": rollouts,
-    }
+    return EvalOutput(dataset=request.eval_set.name, answers=[[a for a, _ in row] for row in graded],
+                      correct=[[c for _, c in row] for row in graded], rollouts=rollouts)

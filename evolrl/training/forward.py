@@ -96,7 +96,7 @@ def takes_logits_to_keep(model) -> bool:
 
 
 @torch.no_grad()
-def check_fused_head(model, key: str = "EvolRLModule.fused_head") -> None:
+def check_fused_head(model, key: str = "Batching.fused_head") -> None:
     """Raise :class:`~evolrl.settings.SettingError` unless the fused head computes what ``model``'s logits would give.
 
     Two conditions, checked exactly: the output layer is a plain ``nn.Linear`` (the fused head applies its weight

@@ -39,6 +39,7 @@ from evolrl.callbacks import LabelFreeDiagnostics, PassAtK, PolicyStats, SampleL
 from evolrl.rewards import EvolReward, Reward
 from evolrl.settings import check_choice, require
 from evolrl.training.allocator import keep_freed_memory
+from evolrl.training.batching import Batching
 from evolrl.training.build import DTYPES, Dtypes, Frozen, build_models
 from evolrl.training.evaluation import grade_request
 from evolrl.training.forward import check_fused_head
@@ -48,7 +49,7 @@ from evolrl.training.packing import check_packing
 from evolrl.training.scoring import score
 from evolrl.training.signal import SignalCheck
 from evolrl.training.update import GRPOUpdate
-from evolrl.types import RolloutBatch, RolloutSource
+from evolrl.types import EvalOutput, RolloutBatch, RolloutSource, StepOutput
 
 
 class EvolRLModule(L.LightningModule):
@@ -59,22 +60,13 @@ class EvolRLModule(L.LightningModule):
         reward: Reward class; default ``EvolReward`` with the packaged MiniLM embedder.
         loss: Policy-loss settings.
         optim: Optimizer and schedule settings.
-        mini_batch_size: Sequences per optimizer step (paper: 32, one prompt's G).
-        micro_batch_size: Sequences per forward/backward pass (at most ``mini_batch_size``), unless a token budget.
-        max_tokens_per_micro_batch: Instead of ``micro_batch_size``, bin each mini-batch's sequences into passes of at
-            most this many tokens (padded: rows x longest; packed: the row), a longer one alone; same math.
-        packed: Each pass's sequences back to back in one row, without padding (under sdpa, attention one sequence
-            at a time: ``sequencewise_attention.py``); ``fit`` refuses it at start (SettingError) for a model whose
-            packed sequences would see each other (attention not sdpa, eager, flash or flex, or a probe sees it).
-        fused_head: The LM head applied chunk by chunk inside the log-prob step, so the logits of a pass never exist
-            whole; ``fit`` refuses it at start (SettingError) for a model whose output layer is not a plain Linear
-            or whose logits are not that layer's output unchanged (e.g. soft-capped): set it to false there.
+        batching: Mini-batches (one optimizer step each), micro-batches (one pass each: by count or a token budget,
+            padded or packed) and the fused LM head (``evolrl.training.Batching``).
         dtype: Policy weights dtype when loaded: the optimizer's master weights (use ``trainer.precision`` for bf16).
         reference_dtype: The frozen reference's dtype; ``auto``: bfloat16 under bf16 precision, else ``dtype``.
         fsdp_param_dtype: Under FSDP, the dtype of the all-gathered copies of the weights that forward and backward
             use (the shards keep ``dtype``; gradients are reduced in float32); ``auto`` as ``reference_dtype``.
         gradient_checkpointing: Trade compute for activation memory.
-        logprob_chunk_size: Tokens per chunk in the log-prob/entropy computation.
         trust_remote_code: Allow the model repository's own code to run.
         cpu_keep_freed_memory: Training on a CPU, keep freed buffers in glibc's heap for reuse instead of unmapping
             and page-faulting them in again (``training/allocator.py``; process-wide).
@@ -89,16 +81,11 @@ class EvolRLModule(L.LightningModule):
         reward: Reward | None = None,
         loss: GRPOLoss = GRPOLoss(),  # noqa: B008 (frozen-in-spirit config; jsonargparse expands its fields)
         optim: Optimization = Optimization(),  # noqa: B008
-        mini_batch_size: int = 32,
-        micro_batch_size: int = 2,
-        max_tokens_per_micro_batch: int | None = None,
-        packed: bool = False,
-        fused_head: bool = True,
+        batching: Batching = Batching(),  # noqa: B008 (frozen)
         dtype: str = "float32",
         reference_dtype: str = "auto",
         fsdp_param_dtype: str = "auto",
         gradient_checkpointing: bool = False,
-        logprob_chunk_size: int = 1024,
         trust_remote_code: bool = False,
         cpu_keep_freed_memory: bool = True,
     ) -> None:
@@ -109,17 +96,14 @@ class EvolRLModule(L.LightningModule):
         check_choice("EvolRLModule.fsdp_param_dtype", fsdp_param_dtype, DTYPES)
         # Plain values only, so checkpoints load with torch.load(weights_only=True).
         self.save_hyperparameters({
-            "model": model, "loss": asdict(loss), "optim": asdict(optim), "mini_batch_size": mini_batch_size,
-            "micro_batch_size": micro_batch_size, "max_tokens_per_micro_batch": max_tokens_per_micro_batch,
-            "packed": packed, "fused_head": fused_head, "dtype": dtype, "reference_dtype": reference_dtype,
-            "fsdp_param_dtype": fsdp_param_dtype,
-            "gradient_checkpointing": gradient_checkpointing, "logprob_chunk_size": logprob_chunk_size,
+            "model": model, "loss": asdict(loss), "optim": asdict(optim), "batching": asdict(batching), "dtype": dtype,
+            "reference_dtype": reference_dtype, "fsdp_param_dtype": fsdp_param_dtype,
+            "gradient_checkpointing": gradient_checkpointing,
         })
         self.automatic_optimization = False
         self.model_name = model
         self.reward = reward if reward is not None else EvolReward()
-        self.update = GRPOUpdate(loss, mini_batch_size, micro_batch_size, logprob_chunk_size, optim.max_grad_norm,
-                                 max_tokens_per_micro_batch, packed, fused_head)
+        self.update = GRPOUpdate(loss, batching, optim.max_grad_norm)
         self.optim_cfg = optim
         self.dtype_name, self.reference_dtype, self.fsdp_param_dtype = dtype, reference_dtype, fsdp_param_dtype
         self.gradient_checkpointing = gradient_checkpointing
@@ -154,7 +138,7 @@ class EvolRLModule(L.LightningModule):
         self.policy, reference = build_models(
             self.model_name, dtypes, with_reference=self.update.loss.kl_coef > 0, mesh=mesh,
             device=self.trainer.strategy.root_device, gradient_checkpointing=self.gradient_checkpointing,
-            trust_remote_code=self.trust_remote_code, packed=self.update.packed)
+            trust_remote_code=self.trust_remote_code, packed=self.update.batching.packed)
         self.reference = Frozen(reference) if reference is not None else None
 
     def configure_optimizers(self):
@@ -187,9 +171,9 @@ class EvolRLModule(L.LightningModule):
     def on_fit_start(self) -> None:
         if self.reference is not None:
             self.reference.model.to(self.device)
-        if self.update.packed:  # here: on its device, with the attention kernels it trains with
+        if self.update.batching.packed:  # here: on its device, with the attention kernels it trains with
             check_packing(self.policy)
-        if self.update.fused_head:
+        if self.update.batching.fused_head:
             check_fused_head(self.policy)
 
     # ---- one training step --------------------------------------------------------------
@@ -206,7 +190,7 @@ class EvolRLModule(L.LightningModule):
                              "(RolloutBatch.temperature): the loss scores its tokens under that temperature")
         return rollouts
 
-    def training_step(self, batch: RolloutBatch | RolloutSource, batch_idx: int) -> dict:
+    def training_step(self, batch: RolloutBatch | RolloutSource, batch_idx: int) -> StepOutput:
         t0 = time.perf_counter()
         rollouts = self.fresh(batch)
         t1 = time.perf_counter()
@@ -234,11 +218,11 @@ class EvolRLModule(L.LightningModule):
         bar = {"reward": scored.rewards.rewards.nanmean().item(), "entropy": stats["entropy"],
                "len": seqs.response_mask.sum(-1).float().mean().item(), "step_s": timing["step"]}
         self.log_dict(bar, prog_bar=True, logger=False, on_step=True, batch_size=len(seqs))
-        return {"rollouts": rollouts, "rewards": scored.rewards, "stats": stats, "timing": timing}
+        return StepOutput(rollouts=rollouts, rewards=scored.rewards, stats=stats, timing=timing)
 
     # ---- evaluation ---------------------------------------------------------------------
-    def validation_step(self, request, batch_idx: int, dataloader_idx: int = 0) -> dict:
-        """``{dataset, answers, correct, rollouts}``; answers and correctness are ``[problems][n]``."""
+    def validation_step(self, request, batch_idx: int, dataloader_idx: int = 0) -> EvalOutput:
+        """The batch's problems sampled and graded; answers and correctness are ``[problems][n]``."""
         return grade_request(request)
 
     test_step = validation_step

@@ -1,4 +1,4 @@
-"""Padding-free forward passes: a micro-batch's sequences back to back in one row (``EvolRLModule.packed``).
+"""Padding-free forward passes: a micro-batch's sequences back to back in one row (``Batching.packed``).
 
 Non-obvious decisions:
 
@@ -70,7 +70,7 @@ def _last_target(response_mask: Tensor, lengths: Tensor) -> Tensor:
     return mask
 
 
-def check_packing(model, key: str = "EvolRLModule.packed") -> None:
+def check_packing(model, key: str = "Batching.packed") -> None:
     """Raise :class:`~evolrl.settings.SettingError` unless ``model`` keeps packed sequences apart."""
     attention = getattr(model.config, "_attn_implementation", None)
     allowed = ("a model whose packed sequences cannot see each other: attention " + ", ".join(PACKED_ATTENTION)

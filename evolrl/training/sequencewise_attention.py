@@ -10,7 +10,7 @@ evaluation, generation, and the layers of a packed pass that attend within a sli
 block-diagonal) is transformers' sdpa with transformers' sdpa mask, unchanged.
 
 :func:`use_sequencewise_attention` switches a model from ``sdpa`` to it; ``build.build_models`` does so for packed
-runs (``EvolRLModule.packed``), and ``packing.packed_logprobs`` passes the lengths. transformers still builds the
+runs (``Batching.packed``), and ``packing.packed_logprobs`` passes the lengths. transformers still builds the
 block-diagonal mask once per forward (booleans, ``S²`` bytes); the attention layers do not read it.
 """
 

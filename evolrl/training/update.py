@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from evolrl.algorithms import aggregate, clipped_surrogate, low_var_kl, normalizer_count
 from evolrl.algorithms.mismatch import mismatch_summary
 from evolrl.distributed import all_reduce, global_sum
-from evolrl.settings import check_int, require
+from evolrl.training.batching import Batching
 from evolrl.training.forward import sequence_logprobs
 from evolrl.training.loss import GRPOLoss
 from evolrl.training.packing import packed_logprobs
@@ -58,58 +58,34 @@ class GRPOUpdate:
 
     Args:
         loss: The loss settings.
-        mini_batch_size: Sequences per optimizer step.
-        micro_batch_size: Sequences per forward/backward pass (at most ``mini_batch_size``); unused with a token
-            budget.
-        chunk_size: Tokens per chunk of the log-prob/entropy computation.
+        batching: Mini-batches, micro-batches and how a pass runs.
         max_grad_norm: Gradient-norm clip; a mini-batch whose norm is not finite is skipped and counted.
-        max_tokens_per_micro_batch: Instead of ``micro_batch_size``, at most this many tokens per pass
-            (``plan.token_budget_plan``; a longer sequence goes alone); ``None``: by count.
-        packed: Each pass's sequences back to back in one row, without padding (``packing.py``).
-        fused_head: The LM head applied chunk by chunk inside the log-prob step, never the whole logits
-            (``forward.model_logprobs``); ``False``: the model's logits.
     """
 
-    def __init__(self, loss: GRPOLoss, mini_batch_size: int, micro_batch_size: int, chunk_size: int,
-                 max_grad_norm: float, max_tokens_per_micro_batch: int | None = None, packed: bool = False,
-                 fused_head: bool = True) -> None:
-        check_int("EvolRLModule.mini_batch_size", mini_batch_size, 1)
-        check_int("EvolRLModule.micro_batch_size", micro_batch_size, 1)
-        if max_tokens_per_micro_batch is None:
-            require(micro_batch_size <= mini_batch_size, "EvolRLModule.micro_batch_size", micro_batch_size,
-                    f"at most mini_batch_size={mini_batch_size} (a micro-batch is part of one mini-batch)")
-        else:
-            check_int("EvolRLModule.max_tokens_per_micro_batch", max_tokens_per_micro_batch, 1)
-        require(isinstance(packed, bool), "EvolRLModule.packed", packed, "true or false")
-        require(isinstance(fused_head, bool), "EvolRLModule.fused_head", fused_head, "true or false")
-        check_int("EvolRLModule.logprob_chunk_size", chunk_size, 1)
+    def __init__(self, loss: GRPOLoss, batching: Batching, max_grad_norm: float) -> None:
         self.loss = loss
-        self.mini_batch_size = mini_batch_size
-        self.micro_batch_size = micro_batch_size
-        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
-        self.packed = packed
-        self.fused_head = fused_head
-        self.chunk_size = chunk_size
+        self.batching = batching
         self.max_grad_norm = max_grad_norm
         self.skipped_steps = 0
         """Optimizer steps skipped so far because the gradient norm was not finite."""
 
     def plan(self, seqs: Sequences) -> Plan:
         """Rows of each micro-batch by mini-batch; with a token budget, as many micro-batches on every rank."""
-        if self.max_tokens_per_micro_batch is None:  # the same on every rank: every rank has as many rows
-            return micro_batch_plan(len(seqs), self.mini_batch_size, self.micro_batch_size)
-        plan = token_budget_plan(seqs.lengths.tolist(), self.mini_batch_size, self.max_tokens_per_micro_batch,
-                                 self.packed)
+        b = self.batching
+        if b.max_tokens_per_micro_batch is None:  # the same on every rank: every rank has as many rows
+            return micro_batch_plan(len(seqs), b.mini_batch_size, b.micro_batch_size)
+        plan = token_budget_plan(seqs.lengths.tolist(), b.mini_batch_size, b.max_tokens_per_micro_batch, b.packed)
         return lockstep(plan, seqs.input_ids.device)
 
     def optimizer_steps(self, sequences_per_step: int) -> int:
         """Optimizer steps (mini-batches) in one training step of ``sequences_per_step`` sequences."""
-        return len(mini_batch_ranges(sequences_per_step, self.mini_batch_size))
+        return len(mini_batch_ranges(sequences_per_step, self.batching.mini_batch_size))
 
     def forward(self, model: nn.Module, seqs: Sequences, temperature: float,
                 vocab_mean: bool = False) -> tuple[Tensor, ...]:
-        logprobs = packed_logprobs if self.packed else sequence_logprobs
-        return logprobs(model, seqs, temperature, self.chunk_size, self.fused_head, vocab_mean)
+        b = self.batching
+        logprobs = packed_logprobs if b.packed else sequence_logprobs
+        return logprobs(model, seqs, temperature, b.logprob_chunk_size, b.fused_head, vocab_mean)
 
     @staticmethod
     def micro_batch(seqs: Sequences, rows: list[int]) -> Sequences:
@@ -169,7 +145,7 @@ class GRPOUpdate:
                                                              policy_pass.old if policy_pass is not None else None)
         totals = StepTotals()
         index = -1  # position in the flattened plan, matching old_logp / ref_logp
-        for minibatch, rows in zip(plan, mini_batch_ranges(len(seqs), self.mini_batch_size)):
+        for minibatch, rows in zip(plan, mini_batch_ranges(len(seqs), self.batching.mini_batch_size)):
             # Fixed before the micro-batch loop: accumulation does not change the loss.
             local = normalizer_count(seqs.response_mask[rows.start : rows.stop], self.loss.aggregation)
             normalizer = global_sum(local.float()) / world_size

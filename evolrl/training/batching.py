@@ -1,0 +1,48 @@
+"""How a training step's sequences are cut into optimizer steps and forward/backward passes, and how a pass runs.
+
+A plain dataclass, declared and checked once (the CLI expands its fields: ``model.batching.micro_batch_size``) and
+passed whole to :class:`~evolrl.training.update.GRPOUpdate`. None of these settings changes the update's math: the
+loss normalizer is fixed per mini-batch before its passes, so every split, padded or packed, fused head or not, gives
+the same update up to float rounding (``tests/test_packing.py``, ``tests/test_training.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from evolrl.settings import check_int, require
+
+
+@dataclass(frozen=True)
+class Batching:
+    """Mini-batches (one optimizer step each) and micro-batches (one forward/backward pass each)."""
+
+    mini_batch_size: int = 32
+    """Sequences per optimizer step (paper: 32, one prompt's G)."""
+    micro_batch_size: int = 2
+    """Sequences per forward/backward pass (at most ``mini_batch_size``), unless ``max_tokens_per_micro_batch``."""
+    max_tokens_per_micro_batch: int | None = None
+    """Instead of ``micro_batch_size``, bin each mini-batch's sequences into passes of at most this many tokens
+    (padded: rows x longest; packed: the row), a longer one alone; same math."""
+    packed: bool = False
+    """Each pass's sequences back to back in one row, without padding (under sdpa, attention one sequence at a time:
+    ``sequencewise_attention.py``); ``fit`` refuses it at start for a model whose packed sequences would see each
+    other (attention not sdpa, eager, flash or flex, or a probe sees it)."""
+    fused_head: bool = True
+    """The LM head applied chunk by chunk inside the log-prob step, so a pass's logits never exist whole; ``fit``
+    refuses it at start for a model whose output layer is not a plain Linear or whose logits are not that layer's
+    output unchanged (e.g. soft-capped): set it to false there."""
+    logprob_chunk_size: int = 1024
+    """Tokens per chunk of the log-prob/entropy computation."""
+
+    def __post_init__(self) -> None:
+        check_int("Batching.mini_batch_size", self.mini_batch_size, 1)
+        check_int("Batching.micro_batch_size", self.micro_batch_size, 1)
+        if self.max_tokens_per_micro_batch is None:
+            require(self.micro_batch_size <= self.mini_batch_size, "Batching.micro_batch_size", self.micro_batch_size,
+                    f"at most mini_batch_size={self.mini_batch_size} (a micro-batch is part of one mini-batch)")
+        else:
+            check_int("Batching.max_tokens_per_micro_batch", self.max_tokens_per_micro_batch, 1)
+        require(isinstance(self.packed, bool), "Batching.packed", self.packed, "true or false")
+        require(isinstance(self.fused_head, bool), "Batching.fused_head", self.fused_head, "true or false")
+        check_int("Batching.logprob_chunk_size", self.logprob_chunk_size, 1)
