@@ -44,6 +44,7 @@ from evolrl.rollout.vllm_setup import (
     join_options,
     kv_cache_bytes,
     launcher_env,
+    outside_trainer_modes,
     trainer_state_kept,
 )
 from evolrl.rollout.vllm_sleep import SleepCycle
@@ -175,10 +176,11 @@ class VLLMEngine(RolloutEngine):
         self._seed_requests = torch.cuda.is_available()
 
     def _load(self, policy: nn.Module) -> None:
-        if self.llm is None:
-            fail_together("vLLM engine start", lambda: self._start(policy))
-        self._policy = policy
-        self._push(policy)
+        with outside_trainer_modes():  # the first start may come from validation (inference mode)
+            if self.llm is None:
+                fail_together("vLLM engine start", lambda: self._start(policy))
+            self._policy = policy
+            self._push(policy)
 
     def _push(self, policy: nn.Module) -> None:
         self._sleep.before_push()
@@ -215,6 +217,11 @@ class VLLMEngine(RolloutEngine):
 
     def generate(self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]], sampling: Sampling,
                  n: int, seed: int) -> list[ResponseGroup]:
+        with outside_trainer_modes():  # not in the training step's autocast, nor in validation's inference mode
+            return self._generate(prompts, prompt_ids, sampling, n, seed)
+
+    def _generate(self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]], sampling: Sampling,
+                  n: int, seed: int) -> list[ResponseGroup]:
         if self.llm is None:
             raise RuntimeError("VLLMEngine.generate before load_weights: the engine has no weights yet")
         from vllm import SamplingParams

@@ -1,0 +1,85 @@
+"""The vLLM engine started from any context the trainer calls it from (CPU build here, the regular package on a GPU).
+
+Lightning runs validation under ``torch.inference_mode()`` and the sanity check comes before the first training
+step, so the engine's first start can fall inside inference mode while every later weight push comes from the
+training step, outside it; the training step itself runs under autocast with bf16 precision.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from evolrl.data.chat import render_prompt
+from evolrl.models import load_policy, load_tokenizer
+from evolrl.rollout import Sampling, VLLMEngine
+from evolrl.rollout.check import sampler_logprob_gap
+from evolrl.types import Prompt
+
+pytestmark = pytest.mark.vllm
+
+TOLERANCE = 1e-4
+"""Max |engine log-prob - policy log-prob| per token, float32 engine against float32 policy (as tests/test_vllm.py)."""
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def drop_engines_at_once():
+    yield
+    gc.collect()  # see tests/test_vllm.py: each test's engine goes at its end
+
+
+def test_an_engine_started_in_inference_mode_takes_pushes_outside_it(tiny_model):
+    tokenizer = load_tokenizer(tiny_model)
+    policy = load_policy(tiny_model).to(DEVICE)
+    engine = VLLMEngine(dtype="float32", enforce_eager=True, kv_cache_gib=0.1, max_model_len=128,
+                        gpu_memory_utilization=0.2, cpu_threads=None if DEVICE == "cuda" else "0-1")
+    engine.setup(tokenizer)
+    prompts = [Prompt("a", "What is 3 + 4?")]
+    ids = [render_prompt(tokenizer, prompts[0].question, None)]
+    with torch.inference_mode():  # as Lightning's sanity validation: the first start and push happen here
+        engine.load_weights(policy)
+        engine.generate(prompts, ids, Sampling(max_new_tokens=4), 2, 0)
+    with torch.no_grad():  # a training step moves the weights, then pushes them outside inference mode
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    engine.load_weights(policy)
+    assert sampler_logprob_gap(engine, policy, prompts, ids, Sampling(max_new_tokens=8), n=4, seed=1) < TOLERANCE
+    with torch.inference_mode():  # a push made inside inference mode (evaluation without training) ...
+        engine.load_weights(policy)
+    engine.load_weights(policy)  # ... leaves the weights open to the next training step's push
+
+
+@torch.no_grad()
+def policy_logprobs(policy, group) -> list[torch.Tensor]:
+    """The policy's float32 log-probs of each sampled response token (temperature 1), outside any autocast."""
+    out = []
+    for response in group.response_ids:
+        tokens = torch.tensor([list(group.prompt_ids) + list(response)], device=DEVICE)
+        logp = torch.log_softmax(policy(input_ids=tokens).logits[0, :-1].float(), -1)
+        out.append(logp.gather(-1, tokens[0, 1:, None])[len(group.prompt_ids) - 1 :, 0].cpu())
+    return out
+
+
+def test_sampling_inside_the_training_steps_autocast_keeps_the_engines_precision(tiny_model):
+    """Under bf16-mixed, Lightning runs the training step, and so the sampling call, inside a bf16 autocast; a
+    float32 engine must still compute in float32 there (inside the autocast its matmuls round to bf16: a gap of
+    ~4e-2 on this model, measured, rather than ~1e-6)."""
+    tokenizer = load_tokenizer(tiny_model)
+    policy = load_policy(tiny_model).to(DEVICE)
+    engine = VLLMEngine(dtype="float32", enforce_eager=True, kv_cache_gib=0.1, max_model_len=128,
+                        gpu_memory_utilization=0.2, cpu_threads=None if DEVICE == "cuda" else "0-1")
+    engine.setup(tokenizer)
+    prompts = [Prompt("a", "What is 3 + 4?"), Prompt("b", "What is 1 + 2?")]
+    ids = [render_prompt(tokenizer, p.question, None) for p in prompts]
+    with torch.autocast(device_type=DEVICE, dtype=torch.bfloat16):
+        engine.load_weights(policy)
+        groups = engine.generate(prompts, ids, Sampling(max_new_tokens=8), 4, 1)
+    gap = max((mine - torch.tensor(reported)).abs().max().item() for group in groups
+              for mine, reported in zip(policy_logprobs(policy, group), group.sampler_logprobs))
+    assert gap < TOLERANCE
