@@ -146,3 +146,39 @@ def test_the_bf16_reference_agrees_with_the_policy_as_well_at_position_4000_as_a
     early, late = gap[:256].mean().item(), gap[3072:].mean().item()
     assert 0 < early < 0.1  # bf16 weights: a small gap, not none (the reference really is bf16)
     assert late < 1.5 * early
+
+
+def test_fsdp_reduces_gradients_once_per_mini_batch_and_the_update_is_unchanged(tiny_model):
+    """Two mini-batches of two micro-batches each: FSDP2 reduce-scatters on the last micro-batch of each mini-batch
+    only (2 reductions, where every backward made one: 4), and the weights end where the unsharded model's do.
+
+    The reductions are counted by the profiler ranges FSDP2 names ``FSDP::post_backward_reduce`` (torch's own
+    labels, so a torch release that renames them fails here loudly rather than passing). Tolerance: one process, so
+    the reduce-scatter is a copy; what differs from the unsharded update is only the order of float32 sums."""
+    from test_update import sequences
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.profiler import ProfilerActivity, profile
+
+    from evolrl.distributed import shard
+    from evolrl.models import load_policy
+    from evolrl.training.update import GRPOLoss, GRPOUpdate
+
+    def step(policy):
+        optimizer = torch.optim.SGD(policy.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        update = GRPOUpdate(GRPOLoss(kl_coef=0.0), mini_batch_size=2, micro_batch_size=1, chunk_size=7,
+                            max_grad_norm=1e6)
+        update(policy, None, sequences(policy.config.vocab_size, [1.0, -1.0, 0.5, -0.5]), 0.7, optimizer, scheduler)
+        return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+                for name, p in policy.named_parameters()}
+
+    plain = step(load_policy(tiny_model))
+    with one_process_group("gloo"):
+        policy = shard(load_policy(tiny_model), init_device_mesh("cpu", (1,)))
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            sharded = step(policy)
+    reductions = [e for e in prof.events() if e.name == "FSDP::post_backward_reduce"]
+    assert len(reductions) == 2
+    assert plain.keys() == sharded.keys()
+    for name in plain:
+        torch.testing.assert_close(sharded[name], plain[name], rtol=1e-5, atol=1e-6, msg=name)

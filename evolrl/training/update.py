@@ -38,6 +38,14 @@ from evolrl.training.plan import Plan, lockstep, micro_batch_plan, mini_batch_ra
 from evolrl.training.sequences import Sequences
 
 
+def sync_gradients(policy: nn.Module, sync: bool) -> None:
+    """Under FSDP2, whether the next backward reduce-scatters the gradients: only the last micro-batch of a mini-batch
+    does (one reduce-scatter per optimizer step); the earlier ones accumulate unsharded gradients locally. Every rank
+    runs as many micro-batches per mini-batch (``plan.lockstep``), so they all reduce at the same one."""
+    if hasattr(policy, "set_requires_gradient_sync"):
+        policy.set_requires_gradient_sync(sync)
+
+
 @dataclass(frozen=True)
 class PolicyPass:
     """:meth:`GRPOUpdate.score`: one no-grad pass of the policy over a step's sequences, before the update."""
@@ -176,8 +184,9 @@ class GRPOUpdate:
             # Fixed before the micro-batch loop: accumulation does not change the loss.
             local = normalizer_count(seqs.response_mask[rows.start : rows.stop], cfg.aggregation)
             normalizer = global_sum(local.float()) / world_size
-            for micro in minibatch:
+            for j, micro in enumerate(minibatch):
                 index += 1
+                sync_gradients(policy, j == len(minibatch) - 1)
                 part = self.micro_batch(seqs, micro)
                 logp, entropy = self.forward(policy, part, temperature)
                 old = old_logp[index] if old_logp[index] is not None else logp.detach()
@@ -214,6 +223,7 @@ class GRPOUpdate:
                 scheduler.step()
             optimizer.zero_grad()
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm.detach().float()
+        sync_gradients(policy, True)
         values = torch.stack(list(sums.values())).div(len(plan)).tolist()
         stats = dict(zip(sums, values))
         if mismatch:  # over this step's micro-batches, then over the ranks: two all-reduces per step
