@@ -8,6 +8,7 @@ training step, outside it; the training step itself runs under autocast with bf1
 from __future__ import annotations
 
 import gc
+import itertools
 
 import pytest
 import torch
@@ -83,3 +84,41 @@ def test_sampling_inside_the_training_steps_autocast_keeps_the_engines_precision
     gap = max((mine - torch.tensor(reported)).abs().max().item() for group in groups
               for mine, reported in zip(policy_logprobs(policy, group), group.sampler_logprobs))
     assert gap < TOLERANCE
+
+
+def test_every_prompt_gets_a_seed_of_its_own(tiny_model):
+    """On a GPU every request is seeded (``_seed_requests``; on the CPU backend only where set, as here, since it
+    cannot rewind a seeded generator across a split prefill, which these short prompts never need). vLLM seeds a
+    prompt's n samples with seed, seed + 1, ...; one seed for the whole call gave two identical prompts identical
+    samples, and Model Runner V2 correlates any two prompts of equal length that way. With a seed per prompt the
+    two groups differ, and a call is still reproducible from its seed."""
+    tokenizer = load_tokenizer(tiny_model)
+    policy = load_policy(tiny_model).to(DEVICE)
+    engine = VLLMEngine(dtype="float32", enforce_eager=True, kv_cache_gib=0.1, max_model_len=128,
+                        gpu_memory_utilization=0.2, cpu_threads=None if DEVICE == "cuda" else "0-1")
+    engine.setup(tokenizer, max_sequences=16)
+    engine.load_weights(policy)
+    engine._seed_requests = True
+    prompts = [Prompt("a", "What is 3 + 4?"), Prompt("b", "What is 3 + 4?")]
+    ids = [render_prompt(tokenizer, p.question, None) for p in prompts]
+    first = [g.response_ids for g in engine.generate(prompts, ids, Sampling(max_new_tokens=12), 8, 5)]
+    again = [g.response_ids for g in engine.generate(prompts, ids, Sampling(max_new_tokens=12), 8, 5)]
+    assert first == again
+    assert first[0] != first[1]
+    # the largest call (16 sequences, from setup) sizes vLLM's batch, not vLLM's default of 256 or 1,024
+    assert engine.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs == 16
+
+
+def test_the_request_seeds_of_a_run_do_not_meet():
+    """Every prompt of every call (versions, ranks, training and evaluation) starts its n seeds far from any other's:
+    vLLM gives the i-th sample seed + i."""
+    from evolrl.rollout import Seeds
+
+    seeds = Seeds(0)
+    calls = [seeds.sampling(version, rank, evaluation) for version in range(50) for rank in range(8)
+             for evaluation in (False, True)]
+    starts = sorted(s for call in calls for s in Seeds.requests(call, 64))
+    assert len(starts) == 50 * 8 * 2 * 64
+    assert min(b - a for a, b in itertools.pairwise(starts)) > 1024  # room for 1,024 samples per prompt
+    assert 0 <= starts[0] and starts[-1] + 1024 < 2**63  # inside vLLM's int64
+    assert Seeds.requests(7, 3) == Seeds.requests(7, 3)

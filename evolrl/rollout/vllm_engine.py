@@ -36,6 +36,7 @@ from torch import nn
 
 from evolrl.rollout.engine import RolloutEngine, Sampling, build_group
 from evolrl.rollout.ranks import fail_together
+from evolrl.rollout.seeds import Seeds
 from evolrl.rollout.vllm_logs import quiet_vllm_notices
 from evolrl.rollout.vllm_setup import (
     CPU_BLOCK_SIZE,
@@ -88,11 +89,14 @@ class VLLMEngine(RolloutEngine):
             call). 2: the weights are discarded instead; a sampling call that finds them discarded (evaluation
             after evaluation, training after evaluation) first streams the policy's weights again, as TRL does
             (one more gather under FSDP). Needs a CUDA GPU.
+        max_num_seqs: Most sequences vLLM runs at once; ``None``: the largest call this run makes (prompts x n,
+            from the data module), where vLLM's own default (1,024 on an 80 GB GPU) would size its per-request
+            buffers and CUDA-graph batch sizes for far more than a call ever holds.
 
     Seeds come from the run's seed (``Seeds``): the engine's own seed differs per rank, and on a GPU each
-    request is seeded too. The CPU backend cannot rewind a seeded request's generator when it splits a long
-    prefill, so there the engine seed alone makes runs reproducible: it samples from a torch random stream
-    of its own, seeded at start.
+    prompt's request is seeded with a seed of its own (``Seeds.requests``). The CPU backend cannot rewind a seeded
+    request's generator when it splits a long prefill, so there the engine seed alone makes runs reproducible: it
+    samples from a torch random stream of its own, seeded at start.
     """
 
     reports_logprobs = True
@@ -110,6 +114,7 @@ class VLLMEngine(RolloutEngine):
         tensor_parallel_size: int = 1,
         cpu_threads: str | None = None,
         sleep_level: int = 0,
+        max_num_seqs: int | None = None,
     ) -> None:
         super().__init__()
         check_choice("VLLMEngine.dtype", dtype, ("bfloat16", "float16", "float32"))
@@ -120,6 +125,8 @@ class VLLMEngine(RolloutEngine):
             check_int("VLLMEngine.max_model_len", max_model_len, 1)
         check_int("VLLMEngine.tensor_parallel_size", tensor_parallel_size, 1)
         check_int("VLLMEngine.sleep_level", sleep_level, 0, 2)
+        if max_num_seqs is not None:
+            check_int("VLLMEngine.max_num_seqs", max_num_seqs, 1)
         require(sleep_level == 0 or torch.cuda.is_available(), "VLLMEngine.sleep_level", sleep_level,
                 "0 here: sleep mode needs a CUDA GPU (vLLM frees and maps back GPU memory), and torch sees none")
         self.dtype = dtype
@@ -130,6 +137,7 @@ class VLLMEngine(RolloutEngine):
         self.tensor_parallel_size = tensor_parallel_size
         self.cpu_threads = cpu_threads
         self.sleep_level = sleep_level
+        self.max_num_seqs = max_num_seqs
         self.llm = None
         self._eos = None
         self._policy: nn.Module | None = None
@@ -154,6 +162,9 @@ class VLLMEngine(RolloutEngine):
             kv_bytes = kv_cache_bytes(policy.config, self.max_sequences, self.max_tokens, getattr(torch, self.dtype))
             if kv_bytes is not None:
                 options["block_size"] = CPU_BLOCK_SIZE  # the block size the computed size assumes
+        max_num_seqs = self.max_num_seqs or self.max_sequences
+        if max_num_seqs:
+            options["max_num_seqs"] = max_num_seqs
         quiet_vllm_notices()
         with launcher_env(), trainer_state_kept():
             self.llm = LLM(
@@ -228,17 +239,18 @@ class VLLMEngine(RolloutEngine):
         from vllm.inputs import TokensPrompt
 
         stops = self.stops(self._eos)
-        params = SamplingParams(
+        seeds = Seeds.requests(seed, len(prompt_ids)) if self._seed_requests else [None] * len(prompt_ids)
+        params = [SamplingParams(
             n=n,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k,
             max_tokens=sampling.max_new_tokens,
             stop_token_ids=stops,
-            seed=seed if self._seed_requests else None,
+            seed=request_seed,  # one per prompt: Seeds.requests
             detokenize=False,
             logprobs=0,  # the sampled token's log-prob, for diagnostics and the weight-sync test
-        )
+        ) for request_seed in seeds]
         requests = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids]
         if self._sleep.weights_lost:
             self._push(self._policy)  # sleep level 2 discarded them, and no push came since
