@@ -182,3 +182,42 @@ def test_fsdp_reduces_gradients_once_per_mini_batch_and_the_update_is_unchanged(
     assert plain.keys() == sharded.keys()
     for name in plain:
         torch.testing.assert_close(sharded[name], plain[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+AGREE_SCRIPT = """
+import datetime, sys
+import torch.distributed as dist
+from evolrl.rollout.vllm_preflight import same_on_every_rank
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+rank = dist.get_rank()
+same_on_every_rank("vLLM version", "0.32.0")
+print("AGREED", flush=True)
+try:
+    same_on_every_rank("vLLM version", "0.32.0" if rank == 0 else "0.31.1")
+except Exception as err:
+    print(f"RAISED {type(err).__name__}: {err}", flush=True)
+    sys.exit(1)
+"""
+
+
+def test_ranks_that_run_different_vllm_releases_all_stop_before_the_engine_starts():
+    """vLLM's start is a collective across ranks; two releases would meet there with different protocols. Checked
+    by the real agreement on two gloo processes (no vLLM needed for it)."""
+    import os
+    import subprocess
+    import sys
+
+    launcher = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in launcher}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    ranks = [subprocess.Popen([sys.executable, "-c", AGREE_SCRIPT], env={**env, "RANK": str(r), "LOCAL_RANK": "0"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
+    for output in outputs:
+        assert "AGREED" in output
+        assert "RAISED RankFailed: the ranks disagree on the vLLM version (rank 0: 0.32.0, rank 1: 0.31.1)" in output
+    assert [rank.returncode for rank in ranks] == [1, 1]

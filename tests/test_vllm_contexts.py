@@ -122,3 +122,41 @@ def test_the_request_seeds_of_a_run_do_not_meet():
     assert min(b - a for a, b in itertools.pairwise(starts)) > 1024  # room for 1,024 samples per prompt
     assert 0 <= starts[0] and starts[-1] + 1024 < 2**63  # inside vLLM's int64
     assert Seeds.requests(7, 3) == Seeds.requests(7, 3)
+
+
+def test_the_preflight_passes_a_model_vllm_can_start_and_names_what_it_cannot(tiny_model, tmp_path):
+    import json
+
+    import vllm
+
+    from evolrl.models import model_config
+    from evolrl.rollout.vllm_preflight import preflight
+
+    config = model_config(tiny_model)
+    config.save_pretrained(tmp_path / "ok")
+    assert preflight(str(tmp_path / "ok"), 0.2) == vllm.__version__
+    unknown = json.loads((tmp_path / "ok" / "config.json").read_text()) | {"architectures": ["NoSuchForCausalLM"]}
+    (tmp_path / "unknown").mkdir()
+    (tmp_path / "unknown" / "config.json").write_text(json.dumps(unknown))
+    with pytest.raises(ValueError, match=r"no model class for the policy's architecture \['NoSuchForCausalLM'\]"):
+        preflight(str(tmp_path / "unknown"), 0.2)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{")
+    with pytest.raises(ValueError, match="could not read the policy's configuration"):
+        preflight(str(tmp_path / "broken"), 0.2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_preflight_refuses_more_gpu_memory_than_is_free(tiny_model, tmp_path):
+    from evolrl.models import model_config
+    from evolrl.rollout.vllm_preflight import preflight
+
+    model_config(tiny_model).save_pretrained(tmp_path)
+    free = torch.cuda.mem_get_info()[0]
+    held = torch.empty(int(free * 0.5), dtype=torch.uint8, device="cuda")  # the trainer's models, say
+    try:
+        with pytest.raises(ValueError, match="gpu_memory_utilization=0.9 asks vLLM for"):
+            preflight(str(tmp_path), 0.9)
+    finally:
+        del held

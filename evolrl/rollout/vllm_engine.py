@@ -11,7 +11,8 @@ random states, matmul precision and launcher variables as they were (``vllm_setu
 Under FSDP (several ranks) every rank runs its own engine on its own device, joined to the
 trainer's process group with vLLM's ``external_launcher`` backend (its torchrun mode): each rank
 samples the groups of its own prompts, and every rank receives the full gathered weights. An engine
-call that raises on one rank raises on every rank right after it (``ranks.fail_together``).
+call that raises on one rank raises on every rank right after it (``ranks.fail_together``); before the start, the
+ranks check and agree on what would make vLLM's start fail on some of them (``vllm_preflight.py``).
 
 Every weight push also empties vLLM's prefix cache (``_forget_cached_prompts``): training and
 evaluation sample through the same engine, and a cached prompt block would otherwise keep the
@@ -38,6 +39,7 @@ from evolrl.rollout.engine import RolloutEngine, Sampling, build_group
 from evolrl.rollout.ranks import fail_together
 from evolrl.rollout.seeds import Seeds
 from evolrl.rollout.vllm_logs import quiet_vllm_notices
+from evolrl.rollout.vllm_preflight import preflight, same_on_every_rank
 from evolrl.rollout.vllm_setup import (
     CPU_BLOCK_SIZE,
     TorchStream,
@@ -144,13 +146,17 @@ class VLLMEngine(RolloutEngine):
         """The policy last pushed, streamed again where sleep level 2 discarded the weights (unchanged since that
         push: the module pushes at the end of every training step, before anything samples)."""
 
-    def _start(self, policy: nn.Module) -> None:
+    def _preflight(self, policy: nn.Module) -> str:
+        """The config vLLM reads, written; what would fail its start, checked (``vllm_preflight.py``)."""
         if self.cpu_threads is not None:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", self.cpu_threads)
-        LLM = import_llm()
         self._config_dir = tempfile.TemporaryDirectory(prefix="evolrl-vllm-config-")
         policy.config.save_pretrained(self._config_dir.name)  # config only: weights come from the policy
         policy.generation_config.save_pretrained(self._config_dir.name)
+        return preflight(self._config_dir.name, self.gpu_memory_utilization)
+
+    def _start(self, policy: nn.Module) -> None:
+        LLM = import_llm()
         self._eos = getattr(policy.generation_config, "eos_token_id", None)
         options = join_options(self.tensor_parallel_size)
         if not options:
@@ -188,7 +194,9 @@ class VLLMEngine(RolloutEngine):
 
     def _load(self, policy: nn.Module) -> None:
         with outside_trainer_modes():  # the first start may come from validation (inference mode)
-            if self.llm is None:
+            if self.llm is None:  # every rank passes the checks before any enters vLLM's own collectives
+                version = fail_together("vLLM engine preflight", lambda: self._preflight(policy))
+                same_on_every_rank("vLLM version", version)
                 fail_together("vLLM engine start", lambda: self._start(policy))
             self._policy = policy
             self._push(policy)
