@@ -160,3 +160,27 @@ def test_the_preflight_refuses_more_gpu_memory_than_is_free(tiny_model, tmp_path
             preflight(str(tmp_path), 0.9)
     finally:
         del held
+
+
+def test_a_tied_qwen3_reaches_the_engine_after_every_push(tiny_model, tmp_path):
+    """Qwen3-4B ties its input and output embeddings: the push streams the one tensor under both names, and the
+    engine must sample with the trained value of it (the output layer included) after an update."""
+    from test_gpu_contact import tied_qwen3
+
+    model_dir = tied_qwen3(tmp_path / "qwen3", tiny_model)
+    tokenizer = load_tokenizer(model_dir)
+    policy = load_policy(model_dir).to(DEVICE)
+    assert policy.lm_head.weight is policy.model.embed_tokens.weight
+    engine = VLLMEngine(dtype="float32", enforce_eager=True, kv_cache_gib=0.1, max_model_len=128,
+                        gpu_memory_utilization=0.2, cpu_threads=None if DEVICE == "cuda" else "0-1")
+    engine.setup(tokenizer)
+    engine.load_weights(policy)
+    prompts = [Prompt("a", "What is 3 + 4?")]
+    ids = [render_prompt(tokenizer, prompts[0].question, None)]
+    sampling = Sampling(max_new_tokens=8)
+    assert sampler_logprob_gap(engine, policy, prompts, ids, sampling, n=4, seed=1) < TOLERANCE
+    with torch.no_grad():  # move the shared embedding only: the output layer moves with it
+        policy.model.embed_tokens.weight.add_(0.5 * torch.randn_like(policy.model.embed_tokens.weight))
+    assert sampler_logprob_gap(engine, policy, prompts, ids, sampling, n=4, seed=1) > 100 * TOLERANCE
+    engine.load_weights(policy)
+    assert sampler_logprob_gap(engine, policy, prompts, ids, sampling, n=4, seed=1) < TOLERANCE
