@@ -215,3 +215,25 @@ def test_a_sequence_mask_on_two_ranks_gives_the_single_process_weights_and_count
     final = torch.load(tmp_path / "two" / "final.pt")
     for name, weights in expected.items():
         torch.testing.assert_close(final[name], weights, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_a_tied_qwen3_trains_checkpoints_resumes_and_exports_on_two_ranks(tmp_path, tiny_model):
+    """Qwen3-4B ties its input and output embeddings. Under FSDP2 the tie must survive building on the meta device,
+    sharding, training, the sharded (DCP) checkpoint, resuming and the export: one tensor, equal under both names."""
+    from test_gpu_contact import tied_qwen3
+    from transformers import AutoModelForCausalLM
+
+    from evolrl.training.export import export_checkpoint
+
+    model = tied_qwen3(tmp_path / "qwen3", tiny_model)
+    ranks = fsdp_check(tmp_path / "run", model, "--checkpoints")
+    assert ranks[0]["initial"] == weights_digest(model) and ranks[0]["final"] == ranks[1]["final"]
+    final = torch.load(tmp_path / "run" / "final.pt")
+    assert torch.equal(final["lm_head.weight"], final["model.embed_tokens.weight"])
+    assert ranks[0]["final"] != ranks[0]["initial"]  # it trained
+    resumed = fsdp_check(tmp_path / "resume", model, "--resume", str(tmp_path / "run" / "checkpoints" / "step=2.ckpt"))
+    assert [r["final"] for r in resumed] == [r["final"] for r in ranks]
+    export_checkpoint(str(tmp_path / "run" / "checkpoints" / "step=3.ckpt"), str(tmp_path / "hf"), dtype="float32")
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert exported.lm_head.weight is exported.model.embed_tokens.weight
+    assert torch.equal(exported.lm_head.weight.detach(), final["lm_head.weight"])

@@ -265,3 +265,34 @@ def test_a_packed_token_budget_run_gives_the_padded_gradient(tiny_model):
     assert packed_losses == pytest.approx(losses, rel=1e-5)
     for name, grad in grads.items():
         torch.testing.assert_close(packed_grads[name], grad, rtol=1e-5, atol=1e-6 * float(grad.abs().max()), msg=name)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device")])])
+def test_packed_and_padded_differ_in_bf16_by_rounding_only(tiny_model, device):
+    """A peaked model (output layer x8: logits up to ~77, mean log-prob ~ -16): packed and padded log-probs agree to
+    1e-10 in float64 (packing is exact), and in bf16 each path is within bf16 rounding of the float64 answer.
+
+    The bf16 tolerance: bf16 keeps 8 significant bits, so every rounding of the logits moves them by up to 2^-9 of
+    their size, and a log-prob (a logit minus the log-sum-exp) carries a few such roundings from the layers below:
+    2^-6 x the largest |logit| (1.2 here; measured on a CPU: largest error 0.68, mean 0.075). On a GPU the two
+    paths run different kernels (a padded batch, one packed row per sequence), so they differ by up to twice that
+    (a first GPU run saw 0.30, mean 0.037, on a peaked model); on a CPU they round alike (0 here)."""
+    results = {}
+    for dtype in (torch.float64, torch.bfloat16):
+        model = load_policy(tiny_model).to(device=device, dtype=dtype)
+        with torch.no_grad():
+            model.lm_head.weight.mul_(8)
+        seqs = sequences(model.config.vocab_size).to(device)
+        with torch.no_grad():
+            results[dtype] = [f(model, seqs, 1.0, 16)[0][seqs.response_mask].double().cpu()
+                              for f in (sequence_logprobs, packed_logprobs)]
+            if dtype == torch.float64:
+                scale = float(model(input_ids=seqs.input_ids).logits.abs().max())
+    (padded, packed), (padded_bf16, packed_bf16) = results[torch.float64], results[torch.bfloat16]
+    torch.testing.assert_close(packed, padded, rtol=0, atol=1e-10)
+    tolerance = 2**-6 * scale
+    assert (padded_bf16 - padded).abs().max() <= tolerance
+    assert (packed_bf16 - padded).abs().max() <= tolerance
+    assert (packed_bf16 - padded_bf16).abs().max() <= 2 * tolerance
+    assert (padded_bf16 - padded).abs().max() > 1e-3  # the bf16 run really rounds (not computed in float32)

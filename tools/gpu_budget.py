@@ -2,9 +2,13 @@
 
     python tools/gpu_budget.py                        # Qwen3-4B-Base, configs/paper (8 x 80 GB)
     python tools/gpu_budget.py --config path/to/config.json --gpus 8 --gpu-gib 80
+    python tools/gpu_budget.py --gpus 1 --no-vllm --no-embedder --sgd   # the trainer alone, as measured on one H100
 
 Every figure is an *estimate* from the model's shape and the run's settings (formulas below, next to
-each line); none is measured on a GPU. docs/gpu.md prints this table. The defaults are the paper
+each line). One line is fitted to GPU measurements instead: on one H100 80 GB the update's peak exceeded the
+itemized sum by about a bf16 copy of the weights (3.2 GiB at a 1.7B shape, 8.7 at Qwen3-4B's; not yet traced to
+a component), so ``not itemized`` adds params x 2 B, not divided by the GPU count (whether it shards is not known).
+docs/gpu.md prints this table and those measurements. The defaults are the paper
 configs: P = 1 prompt per rank, V = 64 samples of up to 1,024 + 12,288 tokens, packed micro-batches of at
 most 32,768 tokens (``max_tokens_per_micro_batch``), the LM head fused into the log-prob step (``--micro N``
 instead: the update before both, N right-padded sequences of full length per pass and the model's logits),
@@ -36,6 +40,8 @@ class Shape:
 
 QWEN3_4B = Shape(params=4.02e9, hidden=2560, layers=36, kv_heads=8, head_dim=128, intermediate=9728, vocab=151936)
 """Qwen3-4B-Base's published config.json (the policy); Qwen3-Embedding-4B has the same decoder shape."""
+QWEN3_1_7B = Shape(params=1.72e9, hidden=2048, layers=28, kv_heads=8, head_dim=128, intermediate=6144, vocab=151936)
+"""Qwen3-1.7B-Base's published config.json (tied embeddings)."""
 
 
 def from_config(path: str) -> Shape:
@@ -55,7 +61,8 @@ def from_config(path: str) -> Shape:
 
 def budget(m: Shape, gpus: int, gpu_gib: float, vllm_fraction: float, samples: int, prompt: int, new: int,
            micro: int | None, max_tokens: int, embed_batch: int,
-           chunk: int = 1024) -> list[tuple[str, str, float, float]]:
+           chunk: int = 1024, adamw: bool = True,
+           reduce_every_pass: bool = False) -> list[tuple[str, str, float, float]]:
     """``(component, formula, GiB while sampling, GiB during the update)`` rows, without sleep mode."""
     tokens = prompt + new
     shard = m.params / gpus
@@ -71,14 +78,20 @@ def budget(m: Shape, gpus: int, gpu_gib: float, vllm_fraction: float, samples: i
         ("embedder activations (reward only)", f"{embed_batch} texts x {tokens} tokens x (3 x intermediate + 2 x hidden) x 2 B",
          0.0, 0.0),
         ("policy master shard (fp32)", f"params / {gpus} x 4 B", shard * 4 / GIB, shard * 4 / GIB),
-        ("gradient shard (fp32)", f"params / {gpus} x 4 B", 0.0, shard * 4 / GIB),
-        ("AdamW moments (fp32)", f"2 x params / {gpus} x 4 B", shard * 8 / GIB, shard * 8 / GIB),
+        # FSDP2 reduce-scatters once per mini-batch (update.py): until its last pass each rank accumulates the
+        # whole model's gradients unsharded, in fp32 (the reduce dtype); one GPU holds them whole anyway. With
+        # Batching.reduce_every_pass each pass reduce-scatters them: a shard stays.
+        ("gradients (fp32, sharded after every pass)", f"params / {gpus} x 4 B", 0.0, shard * 4 / GIB)
+        if reduce_every_pass else
+        ("gradients (fp32, unsharded until a mini-batch's last pass)", "params x 4 B", 0.0, m.params * 4 / GIB),
+        ("AdamW moments (fp32)", f"2 x params / {gpus} x 4 B", shard * 8 * adamw / GIB, shard * 8 * adamw / GIB),
         ("reference shard (bf16)", f"params / {gpus} x 2 B", shard * 2 / GIB, shard * 2 / GIB),
         ("all-gathered bf16 params", "embeddings + 2 blocks in flight, x 2 B", 0.0,
          (m.vocab * m.hidden + 2 * block) * 2 / GIB),
         ("activations (checkpointed)", f"{pass_text} tokens x hidden x layers x 2 B + one block recomputed",
          0.0, (mb_tokens * m.hidden * m.layers * 2 + mb_tokens * (3 * m.intermediate + 6 * m.hidden) * 2) / GIB),
     ]
+    rows.append(("not itemized (fitted to H100 measurements)", "params x 2 B", 0.0, m.params * 2 / GIB))
     if micro:  # the model's logits, [micro, new, vocab], and their gradient
         rows.append(("logits + their gradient (bf16) + fp32 chunk",
                      f"2 x {micro} x {new} x vocab x 2 B + 3 x {chunk} x vocab x 4 B",
@@ -98,7 +111,8 @@ def budget(m: Shape, gpus: int, gpu_gib: float, vllm_fraction: float, samples: i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="a Hugging Face config.json (default: Qwen3-4B-Base's shape)")
+    parser.add_argument("--config", help="a Hugging Face config.json (default: --shape)")
+    parser.add_argument("--shape", choices=("4b", "1.7b"), default="4b", help="Qwen3-4B-Base's or Qwen3-1.7B's")
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--gpu-gib", type=float, default=80.0)
     parser.add_argument("--vllm-fraction", type=float, default=0.4, help="the engine's gpu_memory_utilization")
@@ -108,12 +122,23 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32768, help="max_tokens_per_micro_batch (packed)")
     parser.add_argument("--micro", type=int, help="instead: micro_batch_size, sequences padded to full length")
     parser.add_argument("--embed-batch", type=int, default=8)
+    parser.add_argument("--no-vllm", action="store_true", help="the trainer alone (HFEngine, or vLLM asleep)")
+    parser.add_argument("--no-embedder", action="store_true", help="a reward without the embedding model (TTRL)")
+    parser.add_argument("--sgd", action="store_true", help="an optimizer without state (no AdamW moments)")
+    parser.add_argument("--reduce-every-pass", action="store_true",
+                        help="model.batching.reduce_every_pass: gradients reduce-scattered after every pass")
+    parser.add_argument("--sleep", action="store_true", help="judge the fit with sleep level 2 (the paper configs)")
     parser.add_argument("--sleep-residual-gib", type=float, default=1.0,
                         help="what a sleeping engine keeps on the GPU (CUDA context, buffers; an assumption)")
     args = parser.parse_args()
-    shape = from_config(args.config) if args.config else QWEN3_4B
+    shape = from_config(args.config) if args.config else {"4b": QWEN3_4B, "1.7b": QWEN3_1_7B}[args.shape]
     rows = budget(shape, args.gpus, args.gpu_gib, args.vllm_fraction, args.samples, args.prompt, args.new,
-                  args.micro, args.max_tokens, args.embed_batch)
+                  args.micro, args.max_tokens, args.embed_batch, adamw=not args.sgd,
+                  reduce_every_pass=args.reduce_every_pass)
+    dropped = {0} if args.no_vllm else set()
+    dropped |= {1, 2} if args.no_embedder else set()
+    rows = [(name, formula, 0.0, 0.0) if i in dropped else (name, formula, a, b)
+            for i, (name, formula, a, b) in enumerate(rows)]
     print("| component (estimated) | formula | sampling + reward, GiB | update, GiB |")
     print("|---|---|---|---|")
     for name, formula, sampling, update in rows[:-1]:
@@ -121,9 +146,16 @@ def main() -> None:
     sampling_total = sum(r[2] for r in rows[:-1])
     update_total = sum(r[3] for r in rows[:-1])
     print(f"| **peak, no sleep mode** | sum | {sampling_total:.1f} | {update_total:.1f} |")
-    slept = update_total - rows[0][3] + args.sleep_residual_gib
-    print(f"| **update with sleep level 2** | vLLM keeps ~{args.sleep_residual_gib:g} GiB (assumed) | - | "
-          f"{slept:.1f} |")
+    if not args.no_vllm:
+        slept = update_total - rows[0][3] + args.sleep_residual_gib
+        print(f"| **update with sleep level 2** | vLLM keeps ~{args.sleep_residual_gib:g} GiB (assumed) | - | "
+              f"{slept:.1f} |")
+        update_total = slept if args.sleep else update_total
+    if update_total > args.gpu_gib:
+        print(f"\nThe update's estimated peak ({update_total:.1f} GiB) exceeds the {args.gpu_gib:g} GiB GPU: it does "
+              "not fit (more GPUs, sleep mode or a smaller token budget lower it).")
+    if args.no_vllm:
+        return
     name, formula, held, wanted = rows[-1]
     print(f"\nKV cache: about {held:.0f}k tokens fit of the {wanted:.0f}k that all samples at full length would "
           f"need ({formula}); vLLM queues the rest.")

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 
 from evolrl.callbacks.contract import EvalView, evolrl_eval_view
 from evolrl.metrics.eval_scores import EvalScores, check_ks
@@ -81,9 +80,10 @@ class PassAtK(L.Callback):
         pass_ks, maj_ks = self.ks_for(view.dataset, samples)
         metric = self.metrics.get(view.dataset)
         if metric is None:
-            # several ranks: the states must sit where the process group can gather them
-            device = pl_module.device if trainer.world_size > 1 else torch.device("cpu")
-            metric = self.metrics[view.dataset] = EvalScores(pass_ks, maj_ks).to(device)
+            # On the module's device: torchmetrics gathers the states whenever a process group exists, also for one
+            # rank (vLLM sets up a one-process group of its own, Lightning's ModelParallelStrategy an NCCL one on a
+            # single GPU), and NCCL gathers CUDA tensors only. A single-process CPU run keeps them on the CPU.
+            metric = self.metrics[view.dataset] = EvalScores(pass_ks, maj_ks).to(pl_module.device)
         metric.update(view.answers, view.correct, view.ids)
         self.step = view.step
 

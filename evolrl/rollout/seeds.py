@@ -7,6 +7,7 @@ and the epoch. Nothing else in evolrl derives a seed.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from evolrl.settings import check_int
@@ -28,6 +29,20 @@ class Seeds:
     def sampling(self, version: int, rank: int, evaluation: bool = False) -> int:
         """The seed of one ``generate`` call with weights ``version`` on ``rank``; evaluation has its own stream."""
         return self.seed + int(evaluation) + 7919 * (version + 1) + 1_000_003 * rank
+
+    @staticmethod
+    def requests(call: int, count: int) -> list[int]:
+        """One seed per prompt of a ``generate`` call seeded ``call`` (:meth:`sampling`): 62-bit hashes of
+        ``(call, prompt)``.
+
+        vLLM seeds a prompt's n samples with ``seed, seed + 1, ..., seed + n - 1``, and its GPU sampler (Model
+        Runner V2) draws each token's noise from a hash of (seed, position): with one seed for the whole call, the
+        i-th samples of two prompts of equal length would draw the same noise. Hashed seeds keep prompts, calls,
+        evaluation and ranks apart (spaced ~2^62 at random, where n is at most a few hundred), and stay below
+        2^63 - n, inside vLLM's int64.
+        """
+        digest = (hashlib.blake2b(f"{call}:{i}".encode(), digest_size=8).digest() for i in range(count))
+        return [int.from_bytes(d, "little") >> 2 for d in digest]
 
     def trained_subset(self, version: int) -> int:
         """The draw of the G trained responses out of the V sampled ones, at weights ``version``."""

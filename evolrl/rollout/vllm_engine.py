@@ -11,7 +11,8 @@ random states, matmul precision and launcher variables as they were (``vllm_setu
 Under FSDP (several ranks) every rank runs its own engine on its own device, joined to the
 trainer's process group with vLLM's ``external_launcher`` backend (its torchrun mode): each rank
 samples the groups of its own prompts, and every rank receives the full gathered weights. An engine
-call that raises on one rank raises on every rank right after it (``ranks.fail_together``).
+call that raises on one rank raises on every rank right after it (``ranks.fail_together``); before the start, the
+ranks check and agree on what would make vLLM's start fail on some of them (``vllm_preflight.py``).
 
 Every weight push also empties vLLM's prefix cache (``_forget_cached_prompts``): training and
 evaluation sample through the same engine, and a cached prompt block would otherwise keep the
@@ -36,7 +37,9 @@ from torch import nn
 
 from evolrl.rollout.engine import RolloutEngine, Sampling, build_group
 from evolrl.rollout.ranks import fail_together
+from evolrl.rollout.seeds import Seeds
 from evolrl.rollout.vllm_logs import quiet_vllm_notices
+from evolrl.rollout.vllm_preflight import preflight, same_on_every_rank
 from evolrl.rollout.vllm_setup import (
     CPU_BLOCK_SIZE,
     TorchStream,
@@ -44,6 +47,7 @@ from evolrl.rollout.vllm_setup import (
     join_options,
     kv_cache_bytes,
     launcher_env,
+    outside_trainer_modes,
     trainer_state_kept,
 )
 from evolrl.rollout.vllm_sleep import SleepCycle
@@ -87,11 +91,14 @@ class VLLMEngine(RolloutEngine):
             call). 2: the weights are discarded instead; a sampling call that finds them discarded (evaluation
             after evaluation, training after evaluation) first streams the policy's weights again, as TRL does
             (one more gather under FSDP). Needs a CUDA GPU.
+        max_num_seqs: Most sequences vLLM runs at once; ``None``: the largest call this run makes (prompts x n,
+            from the data module), where vLLM's own default (1,024 on an 80 GB GPU) would size its per-request
+            buffers and CUDA-graph batch sizes for far more than a call ever holds.
 
     Seeds come from the run's seed (``Seeds``): the engine's own seed differs per rank, and on a GPU each
-    request is seeded too. The CPU backend cannot rewind a seeded request's generator when it splits a long
-    prefill, so there the engine seed alone makes runs reproducible: it samples from a torch random stream
-    of its own, seeded at start.
+    prompt's request is seeded with a seed of its own (``Seeds.requests``). The CPU backend cannot rewind a seeded
+    request's generator when it splits a long prefill, so there the engine seed alone makes runs reproducible: it
+    samples from a torch random stream of its own, seeded at start.
     """
 
     reports_logprobs = True
@@ -109,6 +116,7 @@ class VLLMEngine(RolloutEngine):
         tensor_parallel_size: int = 1,
         cpu_threads: str | None = None,
         sleep_level: int = 0,
+        max_num_seqs: int | None = None,
     ) -> None:
         super().__init__()
         check_choice("VLLMEngine.dtype", dtype, ("bfloat16", "float16", "float32"))
@@ -119,6 +127,8 @@ class VLLMEngine(RolloutEngine):
             check_int("VLLMEngine.max_model_len", max_model_len, 1)
         check_int("VLLMEngine.tensor_parallel_size", tensor_parallel_size, 1)
         check_int("VLLMEngine.sleep_level", sleep_level, 0, 2)
+        if max_num_seqs is not None:
+            check_int("VLLMEngine.max_num_seqs", max_num_seqs, 1)
         require(sleep_level == 0 or torch.cuda.is_available(), "VLLMEngine.sleep_level", sleep_level,
                 "0 here: sleep mode needs a CUDA GPU (vLLM frees and maps back GPU memory), and torch sees none")
         self.dtype = dtype
@@ -129,19 +139,24 @@ class VLLMEngine(RolloutEngine):
         self.tensor_parallel_size = tensor_parallel_size
         self.cpu_threads = cpu_threads
         self.sleep_level = sleep_level
+        self.max_num_seqs = max_num_seqs
         self.llm = None
         self._eos = None
         self._policy: nn.Module | None = None
         """The policy last pushed, streamed again where sleep level 2 discarded the weights (unchanged since that
         push: the module pushes at the end of every training step, before anything samples)."""
 
-    def _start(self, policy: nn.Module) -> None:
+    def _preflight(self, policy: nn.Module) -> str:
+        """The config vLLM reads, written; what would fail its start, checked (``vllm_preflight.py``)."""
         if self.cpu_threads is not None:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", self.cpu_threads)
-        LLM = import_llm()
         self._config_dir = tempfile.TemporaryDirectory(prefix="evolrl-vllm-config-")
         policy.config.save_pretrained(self._config_dir.name)  # config only: weights come from the policy
         policy.generation_config.save_pretrained(self._config_dir.name)
+        return preflight(self._config_dir.name, self.gpu_memory_utilization)
+
+    def _start(self, policy: nn.Module) -> None:
+        LLM = import_llm()
         self._eos = getattr(policy.generation_config, "eos_token_id", None)
         options = join_options(self.tensor_parallel_size)
         if not options:
@@ -153,6 +168,9 @@ class VLLMEngine(RolloutEngine):
             kv_bytes = kv_cache_bytes(policy.config, self.max_sequences, self.max_tokens, getattr(torch, self.dtype))
             if kv_bytes is not None:
                 options["block_size"] = CPU_BLOCK_SIZE  # the block size the computed size assumes
+        max_num_seqs = self.max_num_seqs or self.max_sequences
+        if max_num_seqs:
+            options["max_num_seqs"] = max_num_seqs
         quiet_vllm_notices()
         with launcher_env(), trainer_state_kept():
             self.llm = LLM(
@@ -175,10 +193,13 @@ class VLLMEngine(RolloutEngine):
         self._seed_requests = torch.cuda.is_available()
 
     def _load(self, policy: nn.Module) -> None:
-        if self.llm is None:
-            fail_together("vLLM engine start", lambda: self._start(policy))
-        self._policy = policy
-        self._push(policy)
+        with outside_trainer_modes():  # the first start may come from validation (inference mode)
+            if self.llm is None:  # every rank passes the checks before any enters vLLM's own collectives
+                version = fail_together("vLLM engine preflight", lambda: self._preflight(policy))
+                same_on_every_rank("vLLM version", version)
+                fail_together("vLLM engine start", lambda: self._start(policy))
+            self._policy = policy
+            self._push(policy)
 
     def _push(self, policy: nn.Module) -> None:
         self._sleep.before_push()
@@ -215,23 +236,29 @@ class VLLMEngine(RolloutEngine):
 
     def generate(self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]], sampling: Sampling,
                  n: int, seed: int) -> list[ResponseGroup]:
+        with outside_trainer_modes():  # not in the training step's autocast, nor in validation's inference mode
+            return self._generate(prompts, prompt_ids, sampling, n, seed)
+
+    def _generate(self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]], sampling: Sampling,
+                  n: int, seed: int) -> list[ResponseGroup]:
         if self.llm is None:
             raise RuntimeError("VLLMEngine.generate before load_weights: the engine has no weights yet")
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         stops = self.stops(self._eos)
-        params = SamplingParams(
+        seeds = Seeds.requests(seed, len(prompt_ids)) if self._seed_requests else [None] * len(prompt_ids)
+        params = [SamplingParams(
             n=n,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k,
             max_tokens=sampling.max_new_tokens,
             stop_token_ids=stops,
-            seed=seed if self._seed_requests else None,
+            seed=request_seed,  # one per prompt: Seeds.requests
             detokenize=False,
             logprobs=0,  # the sampled token's log-prob, for diagnostics and the weight-sync test
-        )
+        ) for request_seed in seeds]
         requests = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids]
         if self._sleep.weights_lost:
             self._push(self._policy)  # sleep level 2 discarded them, and no push came since

@@ -11,14 +11,18 @@ What building ``vllm.LLM`` does to the process, and what this module does about 
   trainer's random states and precision after the start, and the engine samples from a torch stream of its
   own (:class:`TorchStream`).
 * It needs a release whose API the engine was written against: :func:`check_vllm_version`.
+* It keeps whatever grad mode it was built in: weights made under ``torch.inference_mode()`` (Lightning's
+  validation, whose sanity check can come before the first push) are inference tensors that no later push from the
+  training step may update in place; and a call made inside the training step's autocast would run vLLM's float32
+  steps (logits, log-probs) in bf16. :func:`outside_trainer_modes` gives every engine call plain torch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -82,7 +86,7 @@ def join_options(tensor_parallel_size: int) -> dict:
     return {"distributed_executor_backend": "external_launcher"}
 
 
-@contextmanager
+@contextlib.contextmanager
 def launcher_env() -> Iterator[None]:
     """On several ranks: the torchrun variables vLLM's ``external_launcher`` mode reads, for the start only.
 
@@ -106,7 +110,7 @@ def launcher_env() -> Iterator[None]:
                 os.environ[key] = value
 
 
-@contextmanager
+@contextlib.contextmanager
 def trainer_state_kept() -> Iterator[None]:
     """Put back the trainer's random states (python, numpy, torch CPU and CUDA) and float32 matmul precision."""
     states = random.getstate(), np.random.get_state(), torch.get_rng_state()
@@ -123,6 +127,21 @@ def trainer_state_kept() -> Iterator[None]:
         torch.set_float32_matmul_precision(precision)
 
 
+@contextlib.contextmanager
+def outside_trainer_modes() -> Iterator[None]:
+    """Ordinary tensors and no autocast, whatever mode the trainer calls the engine from (see the module docstring).
+
+    vLLM wraps its own forward passes in inference mode; the tensors it keeps (weights, KV cache) must not be
+    inference tensors, or pushing new weights outside inference mode raises.
+    """
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.inference_mode(False))
+        for device in ("cpu", "cuda"):
+            if torch.is_autocast_enabled(device):
+                stack.enter_context(torch.autocast(device_type=device, enabled=False))
+        yield
+
+
 class TorchStream:
     """A torch CPU random stream of the engine's own, swapped in around its calls.
 
@@ -134,7 +153,7 @@ class TorchStream:
     def __init__(self, state: torch.Tensor) -> None:
         self.state = state
 
-    @contextmanager
+    @contextlib.contextmanager
     def active(self) -> Iterator[None]:
         trainer = torch.get_rng_state()
         torch.set_rng_state(self.state)

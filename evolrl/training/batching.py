@@ -34,6 +34,10 @@ class Batching:
     output unchanged (e.g. soft-capped): set it to false there."""
     logprob_chunk_size: int = 1024
     """Tokens per chunk of the log-prob/entropy computation."""
+    reduce_every_pass: bool = False
+    """Under FSDP, reduce-scatter the gradients after every pass instead of once per mini-batch (its last pass): one
+    collective per pass, but the full float32 gradients are never held unsharded between passes (4B: 15 GiB a rank;
+    ``tools/gpu_budget.py --reduce-every-pass`` estimates both)."""
 
     def __post_init__(self) -> None:
         check_int("Batching.mini_batch_size", self.mini_batch_size, 1)
@@ -46,3 +50,5 @@ class Batching:
         require(isinstance(self.packed, bool), "Batching.packed", self.packed, "true or false")
         require(isinstance(self.fused_head, bool), "Batching.fused_head", self.fused_head, "true or false")
         check_int("Batching.logprob_chunk_size", self.logprob_chunk_size, 1)
+        require(isinstance(self.reduce_every_pass, bool), "Batching.reduce_every_pass", self.reduce_every_pass,
+                "true or false")

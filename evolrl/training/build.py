@@ -2,7 +2,8 @@
 
 Non-obvious decisions:
 
-* One process: the policy is loaded whole and the reference is a copy of it (in ``Dtypes.reference``).
+* One process: the policy is loaded whole and the reference is a copy of it, its parameters in ``Dtypes.reference``
+  and its buffers (rotary frequencies) kept in float32 on both paths (:func:`parameters_in`).
 * Several ranks (FSDP2): only rank 0 reads the weights. Every rank builds the architecture with its parameters
   on the meta device (no memory), shards it, allocates only its own shards and receives its slice of each tensor
   from rank 0, one tensor at a time (``evolrl.distributed.fill_from_rank0``); the reference is filled from the
@@ -70,7 +71,7 @@ def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, dev
     if mesh is None:
         policy = _trainable(_attention(load_policy(name, dtypes.policy, trust_remote_code), packed),
                             gradient_checkpointing)
-        reference = _frozen(copy.deepcopy(policy).to(getattr(torch, dtypes.reference))) if with_reference else None
+        reference = _frozen(parameters_in(copy.deepcopy(policy), dtypes.reference)) if with_reference else None
         return policy, reference
     device = device or torch.device("cpu")
     full = load_policy(name, dtypes.policy, trust_remote_code) if dist.get_rank() == 0 else None
@@ -80,7 +81,7 @@ def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, dev
     compute = getattr(torch, dtypes.fsdp_param)
 
     def sharded(dtype: str, trainable: bool) -> nn.Module:
-        model = _attention(empty_policy(config, dtype, trust_remote_code), packed)
+        model = _attention(parameters_in(empty_policy(config, dtypes.policy, trust_remote_code), dtype), packed)
         model.generation_config = generation_config  # the engines read the stop tokens from it
         model = _trainable(model, gradient_checkpointing) if trainable else _frozen(model)
         return fill_from_rank0(shard(model, mesh, compute), state, device)
@@ -88,6 +89,21 @@ def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, dev
     policy = sharded(dtypes.policy, trainable=True)
     reference = sharded(dtypes.reference, trainable=False) if with_reference else None
     return policy, reference
+
+
+def parameters_in(model: nn.Module, dtype: str) -> nn.Module:
+    """``model`` with its parameters (tied ones stay one tensor) in ``dtype`` and its buffers as built.
+
+    Not ``model.to(dtype)``, which casts buffers too: the rotary frequencies ``inv_freq`` in bf16 are off by up to
+    2^-9 relatively, an angle error that grows with the position (radians by a few thousand tokens), so a bf16
+    reference's log-probs would drift from the policy's with the position at identical weights and the KL term
+    would measure that rounding. With float32 frequencies the reference differs by bf16 rounding of the weights
+    alone, the same at every position (``tests/test_gpu_contact.py``).
+    """
+    target = getattr(torch, dtype)
+    for parameter in model.parameters():  # each shared parameter once
+        parameter.data = parameter.data.to(target)
+    return model
 
 
 def _attention(model: nn.Module, packed: bool) -> nn.Module:

@@ -38,6 +38,15 @@ from evolrl.training.plan import Plan, lockstep, micro_batch_plan, mini_batch_ra
 from evolrl.training.sequences import Sequences
 
 
+def sync_gradients(policy: nn.Module, sync: bool) -> None:
+    """Under FSDP2, whether the next backward reduce-scatters the gradients: by default only the last micro-batch of a
+    mini-batch does (one reduce-scatter per optimizer step), the earlier ones accumulating unsharded gradients locally
+    (``Batching.reduce_every_pass`` trades that memory for a reduction per pass). Every rank runs as many micro-batches
+    per mini-batch (``plan.lockstep``), so they all reduce at the same one."""
+    if hasattr(policy, "set_requires_gradient_sync"):
+        policy.set_requires_gradient_sync(sync)
+
+
 @dataclass(frozen=True)
 class PolicyPass:
     """:meth:`GRPOUpdate.score`: one no-grad pass of the policy over a step's sequences, before the update."""
@@ -149,12 +158,14 @@ class GRPOUpdate:
             # Fixed before the micro-batch loop: accumulation does not change the loss.
             local = normalizer_count(seqs.response_mask[rows.start : rows.stop], self.loss.aggregation)
             normalizer = global_sum(local.float()) / world_size
-            for micro in minibatch:
+            for j, micro in enumerate(minibatch):
                 index += 1
+                sync_gradients(policy, j == len(minibatch) - 1 or self.batching.reduce_every_pass)
                 terms, measured = self.train_pass(policy, self.micro_batch(seqs, micro), temperature, old_logp[index],
                                                   None if ref_logp is None else ref_logp[index], normalizer, backward)
                 totals.add(terms, measured)
             totals.add({"grad_norm": self.optimizer_step(policy, optimizer, scheduler)})
+        sync_gradients(policy, True)
         return totals.summary(len(plan), self.loss.mismatch_correction)
 
     def train_pass(self, policy: nn.Module, part: Sequences, temperature: float, old: Tensor | None,
