@@ -114,7 +114,7 @@ def test_all_responses_invalid_gives_zero_advantages_and_a_warning(tiny_model):
     trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=2, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[recorder])
-    with pytest.warns(UserWarning, match=r"every advantage is 0; 2 of 2 steps so far had no reward signal"):
+    with pytest.warns(UserWarning, match=r"every advantage is 0; 2 of 2 steps so far had no reward variance"):
         trainer.fit(module, data)
     assert all(torch.isfinite(torch.tensor(recorder.losses)))
     assert trainer.callback_metrics["train/valid_rate"].item() == 0.0

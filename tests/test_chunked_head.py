@@ -154,8 +154,8 @@ def test_no_grad_and_bad_chunk():
 @pytest.mark.parametrize("chunk_size", [1, 5, 64])
 def test_token_scores_are_the_log_probs_the_entropy_and_the_vocabulary_mean(chunk_size):
     """What a reward that reads the policy gets (no gradients), from the fused head and from the logits alike."""
-    from evolrl.algorithms.chunked_head import head_token_scores
-    from evolrl.algorithms.logprobs import token_scores
+    from evolrl.algorithms.chunked_head import head_token_stats
+    from evolrl.algorithms.logprobs import token_stats
 
     g = torch.Generator().manual_seed(0)
     hidden, weight = torch.randn(2, 7, 16, generator=g), torch.randn(50, 16, generator=g)
@@ -163,8 +163,8 @@ def test_token_scores_are_the_log_probs_the_entropy_and_the_vocabulary_mean(chun
     tokens = torch.randint(0, 50, (2, 7), generator=g)
     logq = torch.log_softmax((hidden @ weight.T + bias) / 0.7, dim=-1)
     expected = (logq.gather(-1, tokens[..., None]).squeeze(-1), -(logq.exp() * logq).sum(-1), logq.mean(-1))
-    fused = head_token_scores(hidden.requires_grad_(), weight, tokens, 0.7, chunk_size, bias)
-    from_logits = token_scores(hidden.detach() @ weight.T + bias, tokens, 0.7, chunk_size)
+    fused = head_token_stats(hidden.requires_grad_(), weight, tokens, 0.7, chunk_size, bias)
+    from_logits = token_stats(hidden.detach() @ weight.T + bias, tokens, 0.7, chunk_size)
     for got in (fused, from_logits):
         assert all(not t.requires_grad for t in got)
         for g_, e in zip(got, expected):

@@ -29,7 +29,7 @@ def view(step: int, collapsed: bool, prompts: int = 4, samples: int = 8) -> Trai
 
 def first_flag(monitor: CollapseMonitor, views: list[TrainView]) -> int | None:
     for v in views:
-        if monitor.observe(monitor.signals(v)):
+        if monitor.observe(monitor.measures(v)):
             return v.step
     return None
 
@@ -41,7 +41,7 @@ def test_a_run_built_to_collapse_is_flagged_at_the_step_its_window_fills_and_a_h
     assert first_flag(CollapseMonitor(majority_ratio=0.85, entropy_fraction=0.3), run) == COLLAPSE_FROM + 3
     # The defaults (0.95, 0.25) need the whole window collapsed.
     assert first_flag(CollapseMonitor(), run) == COLLAPSE_FROM + 4
-    # Other signals of the same collapse: one answer per group, half the length.
+    # Other measures of the same collapse: one answer per group, half the length.
     assert first_flag(CollapseMonitor(majority_ratio=None, entropy_fraction=None, distinct_answers=1.0,
                                       length_fraction=0.5), run) == COLLAPSE_FROM + 4
     healthy = [view(t, False) for t in range(30)]
@@ -51,9 +51,9 @@ def test_a_run_built_to_collapse_is_flagged_at_the_step_its_window_fills_and_a_h
     assert first_flag(CollapseMonitor(), agreeing) is None
 
 
-def test_a_criterion_whose_signal_the_view_lacks_is_an_error_and_settings_are_checked():
+def test_a_criterion_whose_measure_the_view_lacks_is_an_error_and_settings_are_checked():
     with pytest.raises(ValueError, match=r"CollapseMonitor.entropy_fraction needs the step's entropy"):
-        CollapseMonitor().signals(TrainView(rewards=view(0, False).rewards))
+        CollapseMonitor().measures(TrainView(rewards=view(0, False).rewards))
     with pytest.raises(SettingError, match="CollapseMonitor.window"):
         CollapseMonitor(window=0)
     with pytest.raises(SettingError, match="at least one criterion"):
@@ -97,7 +97,7 @@ def test_in_a_foreign_module_the_step_reaches_tensorboard_and_training_can_stop_
 
 
 def test_through_the_cli_on_evolrls_own_view(tmp_path, tiny_model, monkeypatch):
-    """evolrl's step output gives every signal; criteria that always hold flag step 1 (the relative one compares
+    """evolrl's step output gives every measure; criteria that always hold flag step 1 (the relative one compares
     with the first window, so it needs two), once.
 
     Portable: every criterion holds whatever the tiny model samples (shares >= 0, at most 100 distinct answers,

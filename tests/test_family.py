@@ -98,7 +98,7 @@ def test_the_policy_pass_is_the_policys_own_distribution(policy, packed):
     seqs = sequences(policy.config.vocab_size, [1.0, -1.0, 0.5, -0.5])
     update = GRPOUpdate(GRPOLoss(), Batching(mini_batch_size=2, micro_batch_size=1, logprob_chunk_size=5,
                                              max_tokens_per_micro_batch=20 if packed else None, packed=packed), 1.0)
-    scored = update.score(policy, seqs, 0.7)
+    scored = update.policy_pass(policy, seqs, 0.7)
     with torch.no_grad():
         logq = torch.log_softmax(policy(input_ids=seqs.input_ids, attention_mask=seqs.attention_mask).logits[:, :-1]
                                  / 0.7, dim=-1)
@@ -127,7 +127,7 @@ def test_an_update_given_the_policy_pass_is_the_update_without_it(tiny_model):
         optimizer = torch.optim.SGD(policy.parameters(), lr=0.1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
         update = GRPOUpdate(GRPOLoss(), Batching(mini_batch_size=2, micro_batch_size=1, logprob_chunk_size=7), 1.0)
-        scored = update.score(policy, seqs, 0.7) if with_pass else None
+        scored = update.policy_pass(policy, seqs, 0.7) if with_pass else None
         calls, forward = [], update.forward
 
         def counting(model, part, temperature, vocab_mean=False, calls=calls, forward=forward, policy=policy):

@@ -24,7 +24,7 @@ from evolrl.algorithms.mismatch import (
 from evolrl.models import load_policy
 from evolrl.training import Batching
 from evolrl.training.forward import sequence_logprobs
-from evolrl.training.sequences import Sequences, pack
+from evolrl.training.sequences import Sequences, trained_sequences
 from evolrl.training.update import GRPOLoss, GRPOUpdate
 from evolrl.types import Prompt, ResponseGroup, RolloutBatch
 
@@ -119,7 +119,7 @@ def test_pack_aligns_the_sampler_logprobs_with_the_response_mask():
               ResponseGroup(Prompt("b", "q"), ("x", "y"), prompt_ids=(5,), response_ids=((11, 12, 13), (14, 15)),
                             sampler_logprobs=((-0.4, -0.5, -0.6), (-0.7, -0.8))))
     batch = RolloutBatch(groups, trained=torch.tensor([[1, 0], [0, 1]]))
-    seqs = pack(batch, torch.zeros(2, 2), pad_id=0)
+    seqs = trained_sequences(batch, torch.zeros(2, 2), pad_id=0)
     assert seqs.sampler_logprobs.shape == seqs.response_mask.shape == (4, 4)
     assert seqs.sampler_logprobs[seqs.response_mask].tolist() == pytest.approx(
         [-0.3, -0.1, -0.2, -0.4, -0.5, -0.6, -0.7, -0.8])  # row by row: a's 1, a's 0, b's 0, b's 1
@@ -128,18 +128,18 @@ def test_pack_aligns_the_sampler_logprobs_with_the_response_mask():
     torch.testing.assert_close(part.sampler_logprobs, torch.tensor([[-0.7, -0.8, 0.0], [0.0, 0.0, -0.3]]))
     assert Sequences.filler(torch.device("cpu"), sampler_logprobs=True).sampler_logprobs.tolist() == [[0.0]]
     assert Sequences.filler(torch.device("cpu")).sampler_logprobs is None
-    assert pack(RolloutBatch(tuple(ResponseGroup(g.prompt, g.texts, prompt_ids=g.prompt_ids,
+    assert trained_sequences(RolloutBatch(tuple(ResponseGroup(g.prompt, g.texts, prompt_ids=g.prompt_ids,
                                                  response_ids=g.response_ids) for g in groups),
                              trained=batch.trained), torch.zeros(2, 2), 0).sampler_logprobs is None
     mixed = RolloutBatch((groups[0], ResponseGroup(groups[1].prompt, groups[1].texts, prompt_ids=(5,),
                                                    response_ids=groups[1].response_ids)), trained=batch.trained)
     with pytest.raises(ValueError, match="prompt 'b': the rollout engine reported sampler log-probs for some groups"):
-        pack(mixed, torch.zeros(2, 2), 0)
+        trained_sequences(mixed, torch.zeros(2, 2), 0)
     short = RolloutBatch((ResponseGroup(groups[0].prompt, groups[0].texts, prompt_ids=(5,),
                                         response_ids=((8, 9), (10,)), sampler_logprobs=((-0.1,), (-0.3,))),),
                          trained=torch.tensor([[0]]))
     with pytest.raises(ValueError, match="prompt 'a', response 0: 1 sampler log-probs for 2 tokens"):
-        pack(short, torch.zeros(1, 1), 0)
+        trained_sequences(short, torch.zeros(1, 1), 0)
 
 
 # ---- the update with a correction, on the tiny model -----------------------------------------------------------------

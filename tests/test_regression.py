@@ -47,7 +47,7 @@ from evolrl.rollout import Rollouts
 from evolrl.rollout.engine import RolloutEngine, Sampling
 from evolrl.rollout.seeds import Seeds
 from evolrl.training.batching import Batching
-from evolrl.training.loss import GRPOLoss
+from evolrl.training.loss_settings import GRPOLoss
 from evolrl.training.optim import Optimization, build_optimizer, start_schedule
 from evolrl.training.scoring import score
 from evolrl.training.update import GRPOUpdate
@@ -309,7 +309,7 @@ def make_groups(tiny_dir: str) -> dict:
     from evolrl.data.chat import PAPER_SYSTEM_PROMPT, render_prompt
     from evolrl.rollout.engine import build_group
     from evolrl.training.forward import sequence_logprobs
-    from evolrl.training.sequences import pack
+    from evolrl.training.sequences import trained_sequences
     from evolrl.types import RolloutBatch
 
     tokenizer = load_tokenizer(tiny_dir)
@@ -329,7 +329,7 @@ def make_groups(tiny_dir: str) -> dict:
             groups.append(build_group(prompt, prompt_ids, [r[:max_new_tokens] for r in responses],
                                       [tokenizer.eos_token_id], max_new_tokens, tokenizer))
         batch = RolloutBatch(tuple(groups), trained=torch.arange(V).repeat(PROMPTS, 1))
-        seqs = pack(batch, torch.zeros(PROMPTS, V), tokenizer.pad_token_id)
+        seqs = trained_sequences(batch, torch.zeros(PROMPTS, V), tokenizer.pad_token_id)
         with torch.no_grad():
             logp = sequence_logprobs(sampler, seqs, TEMPERATURE, 7, True)[0].float()
         recorded = []

@@ -22,7 +22,7 @@ from evolrl.models import load_policy, load_tokenizer
 from evolrl.rollout import Sampling, VLLMEngine
 from evolrl.rollout.check import sampler_logprob_gap
 from evolrl.training import Batching, GRPOLoss, GRPOUpdate
-from evolrl.training.sequences import pack
+from evolrl.training.sequences import trained_sequences
 from evolrl.types import Prompt, RolloutBatch
 
 pytestmark = pytest.mark.vllm
@@ -103,7 +103,7 @@ def sampled(engine, prompts, ids, n: int = 6, max_new_tokens: int = 8):
     groups = engine.generate(prompts, ids, Sampling(max_new_tokens=max_new_tokens), n, seed=3)
     batch = RolloutBatch(tuple(groups), trained=torch.arange(n).repeat(len(groups), 1))
     advantages = torch.randn(len(groups), n, generator=torch.Generator().manual_seed(0))
-    return pack(batch, advantages, engine.tokenizer.pad_token_id).to(DEVICE)
+    return trained_sequences(batch, advantages, engine.tokenizer.pad_token_id).to(DEVICE)
 
 
 def mismatch_update(seqs, trainer_policy, correction: str | None, **loss):

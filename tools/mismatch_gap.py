@@ -27,7 +27,8 @@ from evolrl.algorithms import CORRECTIONS, mismatch_summary
 from evolrl.cli import main as cli_main
 from evolrl.models import load_policy
 from evolrl.training import GRPOLoss
-from evolrl.training.sequences import pack
+from evolrl.training.scoring import PAD_ID
+from evolrl.training.sequences import trained_sequences
 from evolrl.types import RolloutBatch
 
 DEMO = Path(__file__).parent.parent / "configs" / "demo.yaml"
@@ -62,7 +63,7 @@ def measure(configs: list[str], steps: int, engine_dtype: str | None, precision:
         items = datamodule.train_items[step * p : (step + 1) * p]
         sampled = rollouts.sample([q for q, _ in items], [ids for _, ids in items])
         batch = RolloutBatch(sampled.groups, sampled.weights_version, torch.arange(v).repeat(p, 1))  # all V
-        seqs = pack(batch, torch.zeros(p, v), rollouts.pad_token_id).to(device)
+        seqs = trained_sequences(batch, torch.zeros(p, v), PAD_ID).to(device)
         tokens += int(seqs.response_mask.sum())
         micro = update.batching.micro_batch_size
         for start in range(0, len(seqs), micro):

@@ -167,7 +167,7 @@ def head_logprobs_and_entropy(
 
 
 @torch.no_grad()
-def head_token_scores(
+def head_token_stats(
     hidden: Tensor, weight: Tensor, tokens: Tensor, temperature: float = 1.0, chunk_size: int = 1024,
     bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:

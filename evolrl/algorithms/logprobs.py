@@ -69,10 +69,10 @@ def logprobs_and_entropy(
 
 
 @torch.no_grad()
-def token_scores(logits: Tensor, tokens: Tensor, temperature: float = 1.0,
+def token_stats(logits: Tensor, tokens: Tensor, temperature: float = 1.0,
                  chunk_size: int = 1024) -> tuple[Tensor, Tensor, Tensor]:
     """``(log p(token), entropy, mean log p over the vocabulary)``, each ``[N, L]`` float32, without gradients: the
-    logits path's twin of ``chunked_head.head_token_scores``."""
+    logits path's twin of ``chunked_head.head_token_stats``."""
     n, length, vocab = logits.shape
     flat_logits, flat_tokens = logits.reshape(n * length, vocab), tokens.reshape(n * length)
     parts = []

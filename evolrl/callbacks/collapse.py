@@ -1,4 +1,4 @@
-"""A collapse monitor: the training step at which a label-free run stopped exploring, from signals it already has."""
+"""A collapse monitor: the training step at which a label-free run stopped exploring, from measures it already has."""
 
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ class CollapseMonitor(TrainViewCallback):
     monitor works without labels by default, on what a collapsed group looks like: its answers agree (majority ratio
     near 1) while the policy's entropy has fallen far below where the run started, so sampling no longer explores and
     pass@k falls to pass@1 (the paper's "entropy collapse"). Agreement alone is not collapse (a problem the model
-    has learned is answered the same way every time), hence both. URLVR's own signal is available as
+    has learned is answered the same way every time), hence both. URLVR's own measure is available as
     ``reward_accuracy`` when the prompts carry answers. Signals are window means of the per-step numbers the other
     callbacks log (``evolrl.metrics.diagnostics``, the view's entropy and response lengths); "fractions" compare to
     the mean of the run's first ``window`` steps (so a relative criterion can hold from step ``2 * window - 1`` on).
 
     Works in any Lightning module whose steps it can read as a :class:`TrainView` (``extract``). A criterion whose
-    signal the view lacks is an error at the first step, not a silent skip. Its state (history, collapse step) is
+    measure the view lacks is an error at the first step, not a silent skip. Its state (history, collapse step) is
     kept in checkpoints.
 
     Args:
@@ -41,7 +41,7 @@ class CollapseMonitor(TrainViewCallback):
         zero_variance_groups: ... and the share of groups whose rewards are all equal is at least this.
         distinct_answers: ... and the distinct answers per group are at most this many.
         length_fraction: ... and the mean response length is at most this fraction of its starting level.
-        reward_accuracy: ... and reward accuracy (needs ground truth) is at most this (URLVR's signal).
+        reward_accuracy: ... and reward accuracy (needs ground truth) is at most this (URLVR's measure).
         window: Steps averaged, and steps that set the starting level.
         stop: Stop training at the collapse step.
         extract: ``(outputs, batch) -> TrainView``; reads evolrl's step output by default.
@@ -62,7 +62,7 @@ class CollapseMonitor(TrainViewCallback):
         prefix: str = "collapse/",
     ) -> None:
         super().__init__(extract, prefix)
-        # (signal, threshold, at least (True) or at most, relative to the starting level)
+        # (measure, threshold, at least (True) or at most, relative to the starting level)
         self.criteria = [(name, value, high, relative) for name, value, high, relative in (
             ("majority_ratio", majority_ratio, True, False), ("entropy", entropy_fraction, False, True),
             ("zero_variance_groups", zero_variance_groups, True, False),
@@ -79,12 +79,12 @@ class CollapseMonitor(TrainViewCallback):
         require(isinstance(stop, bool), "CollapseMonitor.stop", stop, "true or false")
         self.keys, self.window, self.stop = keys, window, stop
         self.history: list[dict[str, float]] = []
-        """Per step seen: the signals of the criteria."""
+        """Per step seen: the measures of the criteria."""
         self.collapse_step: int | None = None
         """The collapse step, once flagged."""
 
-    def signals(self, view: TrainView) -> dict[str, float]:
-        """The criteria's signals for one step; a missing one is a ValueError naming the setting to turn off."""
+    def measures(self, view: TrainView) -> dict[str, float]:
+        """The criteria's measures for one step; a missing one is a ValueError naming the setting to turn off."""
         found: dict[str, float] = {}
         if view.rewards is not None:
             found = label_free_diagnostics(view.rewards, view.truths(), None)
@@ -101,9 +101,9 @@ class CollapseMonitor(TrainViewCallback):
             out[name] = found[name]
         return out
 
-    def observe(self, signals: dict[str, float]) -> bool:
-        """Add one step's signals; whether the run has collapsed as of this step (window means, all criteria)."""
-        self.history.append(signals)
+    def observe(self, measures: dict[str, float]) -> bool:
+        """Add one step's measures; whether the run has collapsed as of this step (window means, all criteria)."""
+        self.history.append(measures)
         if len(self.history) < self.window:
             return False
         recent = self.history[-self.window :]
@@ -119,7 +119,7 @@ class CollapseMonitor(TrainViewCallback):
         return True
 
     def on_view(self, trainer, pl_module, view: TrainView) -> None:
-        collapsed = self.observe(self.signals(view))
+        collapsed = self.observe(self.measures(view))
         if self.collapse_step is None and collapsed:
             self.collapse_step = view.step if view.step is not None else trainer.global_step
             for logger in trainer.loggers:

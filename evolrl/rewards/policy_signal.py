@@ -75,7 +75,7 @@ class PolicyReward(AnswerReward):
         if policy is None:
             raise TypeError(f"{type(self).__name__} reads the policy: call it with the step's PolicySignal "
                             "(EvolRLModule does; see evolrl.rewards.policy_signal)")
-        score, name = self.score(policy)  # [P, G]
+        score, name = self.policy_rewards(policy)  # [P, G]
         sheet = self.read(batch)
         scored = policy.per_response(score, batch.group_size)
         return RewardOutput(
@@ -85,5 +85,5 @@ class PolicyReward(AnswerReward):
         )
 
     @abstractmethod
-    def score(self, policy: PolicySignal) -> tuple[Tensor, str]:
+    def policy_rewards(self, policy: PolicySignal) -> tuple[Tensor, str]:
         """``([P, G] rewards of the trained responses, component name)``."""

@@ -24,5 +24,5 @@ class SelfCertaintyReward(PolicyReward):
         number_fallback: Read the last number as the answer when there is no ``\\boxed{}``.
     """
 
-    def score(self, policy: PolicySignal) -> tuple[Tensor, str]:
+    def policy_rewards(self, policy: PolicySignal) -> tuple[Tensor, str]:
         return policy.self_certainty, "self_certainty"

@@ -22,5 +22,5 @@ class TokenEntropyReward(PolicyReward):
         number_fallback: Read the last number as the answer when there is no ``\\boxed{}``.
     """
 
-    def score(self, policy: PolicySignal) -> tuple[Tensor, str]:
+    def policy_rewards(self, policy: PolicySignal) -> tuple[Tensor, str]:
         return -policy.entropy, "neg_entropy"

@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from evolrl.algorithms.chunked_head import head_logprobs_and_entropy, head_token_scores
-from evolrl.algorithms.logprobs import logprobs_and_entropy, token_scores
+from evolrl.algorithms.chunked_head import head_logprobs_and_entropy, head_token_stats
+from evolrl.algorithms.logprobs import logprobs_and_entropy, token_stats
 from evolrl.settings import require
 from evolrl.training.sequences import Sequences
 
@@ -46,10 +46,10 @@ def model_logprobs(model, inputs: dict, select: Callable[[Tensor], Tensor], targ
     """
     if not fused_head:
         logits = model(**inputs).logits
-        scores = token_scores if vocab_mean else logprobs_and_entropy
+        scores = token_stats if vocab_mean else logprobs_and_entropy
         return scores(select(logits), targets, temperature, chunk_size)
     head = model.get_output_embeddings()
-    scores = head_token_scores if vocab_mean else head_logprobs_and_entropy
+    scores = head_token_stats if vocab_mean else head_logprobs_and_entropy
 
     def fused(hidden: Tensor) -> Tensor:
         return torch.stack(scores(select(hidden), head.weight, targets, temperature, chunk_size, head.bias), -1)

@@ -42,12 +42,12 @@ from evolrl.training.allocator import keep_freed_memory
 from evolrl.training.batching import Batching
 from evolrl.training.build import DTYPES, Dtypes, Frozen, build_models
 from evolrl.training.evaluation import grade_request
+from evolrl.training.flat_rewards import FlatRewardCheck
 from evolrl.training.forward import check_fused_head
-from evolrl.training.loss import GRPOLoss
+from evolrl.training.loss_settings import GRPOLoss
 from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, schedule_started, start_schedule
 from evolrl.training.packing import check_packing
 from evolrl.training.scoring import score
-from evolrl.training.signal import SignalCheck
 from evolrl.training.update import GRPOUpdate
 from evolrl.types import EvalOutput, RolloutBatch, RolloutSource, StepOutput
 
@@ -114,7 +114,7 @@ class EvolRLModule(L.LightningModule):
         self.policy = None
         """The trained model (published: the rollout side samples with its weights)."""
         self.reference: Frozen | None = None
-        self.signal = SignalCheck()
+        self.flat_rewards = FlatRewardCheck()
 
     # ---- set-up -------------------------------------------------------------------------
     @property
@@ -157,7 +157,7 @@ class EvolRLModule(L.LightningModule):
         start_schedule(scheduler, int(steps) * self.update.optimizer_steps(sequences))
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["evolrl"] = {"skipped_steps": self.update.skipped_steps, **self.signal.state_dict(),
+        checkpoint["evolrl"] = {"skipped_steps": self.update.skipped_steps, **self.flat_rewards.state_dict(),
                                 "torch_rng_state": torch.get_rng_state()}  # dropout in the policy, if any
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -165,7 +165,7 @@ class EvolRLModule(L.LightningModule):
         if state is None:
             return
         self.update.skipped_steps = state["skipped_steps"]
-        self.signal.load_state_dict(state)
+        self.flat_rewards.load_state_dict(state)
         torch.set_rng_state(state["torch_rng_state"])
 
     def on_fit_start(self) -> None:
@@ -196,7 +196,7 @@ class EvolRLModule(L.LightningModule):
         t1 = time.perf_counter()
         scored = score(self.reward, self.update, self.policy, rollouts, self.device)  # rewards [P, V], trained [P, G]
         t2 = time.perf_counter()
-        self.signal(scored.advantages)
+        self.flat_rewards(scored.advantages)
         seqs = scored.seqs
         self.start_schedule(len(seqs))
         optimizer = CountedOnce(self.optimizers(), self.trainer.strategy, self.update.optimizer_steps(len(seqs)))

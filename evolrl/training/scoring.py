@@ -1,7 +1,7 @@
 """Scoring a training step's rollouts: the reward of every response, then the trained sequences with advantages.
 
 A reward that reads the policy (``reward.needs_policy``: self-certainty, token entropy) is given one no-grad pass of
-the policy over the trained sequences (``GRPOUpdate.score``), which the update then reuses for its old log-probs;
+the policy over the trained sequences (``GRPOUpdate.policy_pass``), which the update then reuses for its old log-probs;
 any other reward reads the responses only and no pass is made here.
 """
 
@@ -15,7 +15,7 @@ from torch import nn
 from evolrl.algorithms import group_advantages
 from evolrl.rewards import Reward
 from evolrl.rewards.policy_signal import PolicySignal
-from evolrl.training.sequences import Sequences, pack
+from evolrl.training.sequences import Sequences, trained_sequences
 from evolrl.training.update import GRPOUpdate, PolicyPass
 from evolrl.types import RewardOutput, RolloutBatch
 
@@ -42,10 +42,10 @@ def score(reward: Reward, update: GRPOUpdate, policy: nn.Module, rollouts: Rollo
           device: torch.device) -> Scored:
     """Rewards ``[P, V]``, then group advantages of the trained ``[P, G]`` and their sequences (scored under the
     temperature the rollouts were sampled at)."""
-    seqs = pack(rollouts, torch.zeros(rollouts.trained.shape), PAD_ID).to(device)
+    seqs = trained_sequences(rollouts, torch.zeros(rollouts.trained.shape), PAD_ID).to(device)
     policy_pass = None
     if getattr(reward, "needs_policy", False):
-        policy_pass = update.score(policy, seqs, rollouts.temperature)
+        policy_pass = update.policy_pass(policy, seqs, rollouts.temperature)
         vocabulary = policy.get_output_embeddings().weight.shape[0]
         signal = PolicySignal.from_tokens(rollouts.trained, seqs.response_mask, policy_pass.logp, policy_pass.entropy,
                                           policy_pass.mean_logp, vocabulary)

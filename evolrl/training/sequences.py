@@ -62,7 +62,7 @@ class Sequences:
         return Sequences(*(t.to(device) if t is not None else None for t in tensors))
 
 
-def pack(rollouts: RolloutBatch, advantages: Tensor, pad_id: int) -> Sequences:
+def trained_sequences(rollouts: RolloutBatch, advantages: Tensor, pad_id: int) -> Sequences:
     """Sequences for the trained subset ``rollouts.trained`` ``[P, G]`` with per-response ``advantages [P, G]``, and
     the sampler's log-probs when every group has them."""
     if rollouts.trained is None:

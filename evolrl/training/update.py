@@ -32,7 +32,7 @@ from evolrl.algorithms.mismatch import mismatch_summary
 from evolrl.distributed import all_reduce, global_sum
 from evolrl.training.batching import Batching
 from evolrl.training.forward import sequence_logprobs
-from evolrl.training.loss import GRPOLoss
+from evolrl.training.loss_settings import GRPOLoss
 from evolrl.training.packing import packed_logprobs
 from evolrl.training.plan import Plan, lockstep, micro_batch_plan, mini_batch_ranges, token_budget_plan
 from evolrl.training.sequences import Sequences
@@ -49,7 +49,7 @@ def sync_gradients(policy: nn.Module, sync: bool) -> None:
 
 @dataclass(frozen=True)
 class PolicyPass:
-    """:meth:`GRPOUpdate.score`: one no-grad pass of the policy over a step's sequences, before the update."""
+    """:meth:`GRPOUpdate.policy_pass`: one no-grad pass of the policy over a step's sequences, before the update."""
 
     plan: Plan
     old: list[Tensor]
@@ -121,7 +121,7 @@ class GRPOUpdate:
         return old if old is not None else computed, ref
 
     @torch.no_grad()
-    def score(self, policy: nn.Module, seqs: Sequences, temperature: float) -> PolicyPass:
+    def policy_pass(self, policy: nn.Module, seqs: Sequences, temperature: float) -> PolicyPass:
         """One no-grad pass of ``policy`` over ``seqs`` in the update's plan: each micro-batch's log-probs (the old
         log-probs of every mini-batch, if the update is then given this pass) and, per token ``[N, T - 1]``, the
         log-prob, the entropy and the vocabulary's mean log-prob (what a reward that reads the policy needs)."""
@@ -139,7 +139,7 @@ class GRPOUpdate:
     def __call__(self, policy: nn.Module, reference: nn.Module | None, seqs: Sequences, temperature: float,
                  optimizer, scheduler, backward: Callable[[Tensor], None] = Tensor.backward,
                  world_size: int = 1, policy_pass: PolicyPass | None = None) -> dict[str, float]:
-        """Train on ``seqs``; the mean of each loss term over the mini-batches. With ``policy_pass`` (:meth:`score` of
+        """Train on ``seqs``; the mean of each loss term over the mini-batches. With ``policy_pass`` (:meth:`policy_pass` of
         these sequences, before any change to the policy), its plan and old log-probs are used.
 
         Plan, then per mini-batch its passes (:meth:`train_pass`) and one optimizer step (:meth:`optimizer_step`).
