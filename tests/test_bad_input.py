@@ -11,6 +11,7 @@ import lightning as L
 import pytest
 import torch
 import yaml
+from helpers import Recorder
 
 from evolrl.cli import main
 from evolrl.data import DataError, PromptFile, RolloutDataModule
@@ -101,7 +102,6 @@ def test_embedder_that_cannot_load(tmp_path):
 
 def test_all_responses_invalid_gives_zero_advantages_and_a_warning(tiny_model):
     # The tiny model never writes \boxed{<digit>}: under the paper's rule every response is invalid (-1).
-    from test_training import Recorder
 
     module_reward = EvolReward(valid_rule="digit", number_fallback=False)
     from evolrl.data import AdditionPrompts

@@ -7,65 +7,11 @@ import json
 import lightning as L
 import pytest
 import torch
+from helpers import ForeignRL, eval_view, train_view
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
-from evolrl.callbacks import EvalView, LabelFreeDiagnostics, PassAtK, PolicyStats, SampleLogger, TrainView
-from evolrl.types import Prompt, ResponseGroup, RewardOutput, RolloutBatch
-
-
-class ForeignRL(L.LightningModule):
-    """Not evolrl's module: a toy with its own output format."""
-
-    def __init__(self):
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.zeros(1))
-
-    def training_step(self, batch, batch_idx):
-        loss = (self.w - 1.0).pow(2).sum()
-        rewards = torch.tensor([[1.0, 0.0, 1.0, 1.0], [0.5, 0.5, 0.5, 0.5]])
-        return {
-            "loss": loss,
-            "my_rewards": RewardOutput(
-                rewards=rewards,
-                answers=(("4", "5", "4", "4"), ("2", "2", "2", "2")),
-                labels=("4", "2"),
-                components={"majority": torch.tensor([[1, 0, 1, 1], [1, 1, 1, 1]]).bool(),
-                            "valid": torch.ones(2, 4, dtype=torch.bool),
-                            "answer_class": torch.tensor([[0, 1, 0, 0], [0, 0, 0, 0]])},
-            ),
-            "groups": RolloutBatch(tuple(
-                ResponseGroup(Prompt(f"p{i}", f"question {i}", answer=truth), ("a | b", "c", "d", "e"))
-                for i, truth in enumerate(["4", "3"])
-            )),
-            "token_entropy": 0.25 * (batch_idx + 1),
-            "lengths": torch.tensor([10.0, 20.0, 30.0, 40.0]) * (batch_idx + 1),
-            "hit_limit": torch.tensor([False, False, False, True]),
-            "step": self.global_step,  # the 0-based index of this training step (before its optimizer step)
-        }
-
-    def validation_step(self, batch, batch_idx):
-        # two problems per batch, 4 samples each
-        return {"answers": [["1", "1", "2", "3"], ["7", "8", "8", "9"]],
-                "correct": [[True, True, False, False], [False, True, True, False]]}
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    def train_dataloader(self):
-        return DataLoader(range(2), batch_size=1)
-
-    def val_dataloader(self):
-        return DataLoader(range(1), batch_size=1)
-
-
-def train_view(outputs, batch):
-    return TrainView(rewards=outputs["my_rewards"], rollouts=outputs["groups"], entropy=outputs["token_entropy"],
-                     response_lengths=outputs["lengths"], truncated=outputs["hit_limit"], step=outputs["step"])
-
-
-def eval_view(outputs, batch):
-    return EvalView("toy", outputs["answers"], outputs["correct"])
+from evolrl.callbacks import LabelFreeDiagnostics, PassAtK, PolicyStats, SampleLogger, TrainView
 
 
 def test_callbacks_in_a_foreign_module(tmp_path):

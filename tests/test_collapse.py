@@ -6,6 +6,7 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
+from helpers import scalars, tiny_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from evolrl.callbacks import CollapseMonitor, TrainView
@@ -104,13 +105,8 @@ def test_through_the_cli_on_evolrls_own_view(tmp_path, tiny_model, monkeypatch):
     lengths of at most 6 tokens against 100x the first step's, which is at least 1), so the machine's kernels and
     random streams cannot move the step; and the reward is the majority vote, which needs no embedder package
     (the MiniLM one was missing on the first GPU machine the suite ran on)."""
-    import sys
-    from pathlib import Path
 
     import yaml
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_training import scalars, tiny_config
 
     from evolrl.cli import main
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tied_qwen3
 
 from evolrl.data.loader import PromptLoader
 from evolrl.rollout import Seeds
@@ -59,10 +60,9 @@ def test_fsdp_on_two_processes_ends_with_identical_full_weights_in_the_engine(tw
 
 def weights_digest(model_dir: str, dtype: torch.dtype = torch.float32) -> str:
     """Digest (fsdp_check's) of the model's weights as loaded whole, in ``dtype``."""
-    from evolrl.models import load_policy
-
-    sys.path.insert(0, str(TOOLS))
     from fsdp_check import digest
+
+    from evolrl.models import load_policy
 
     return digest(load_policy(model_dir).to(dtype).state_dict())
 
@@ -149,7 +149,6 @@ def test_a_sharded_checkpoint_exports_to_the_final_weights(two_ranks, tmp_path):
     out, ranks = two_ranks
     export_checkpoint(str(out / "checkpoints" / "step=3.ckpt"), str(tmp_path / "hf"), dtype="float32")
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
-    sys.path.insert(0, str(TOOLS))
     from fsdp_check import digest
 
     assert digest(model.state_dict()) == ranks[0]["final"]
@@ -220,7 +219,6 @@ def test_a_sequence_mask_on_two_ranks_gives_the_single_process_weights_and_count
 def test_a_tied_qwen3_trains_checkpoints_resumes_and_exports_on_two_ranks(tmp_path, tiny_model):
     """Qwen3-4B ties its input and output embeddings. Under FSDP2 the tie must survive building on the meta device,
     sharding, training, the sharded (DCP) checkpoint, resuming and the export: one tensor, equal under both names."""
-    from test_gpu_contact import tied_qwen3
     from transformers import AutoModelForCausalLM
 
     from evolrl.training.export import export_checkpoint

@@ -7,11 +7,11 @@ with that pass equal to the update without it, and a CLI run of each reward on t
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import scalars, short_sequences, tiny_config
 
 from evolrl.cli import main
 from evolrl.models import load_policy
@@ -22,10 +22,6 @@ from evolrl.rewards import (
     TokenEntropyReward,
 )
 from evolrl.types import Prompt, ResponseGroup, RolloutBatch
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_training import scalars, tiny_config
-from test_update import sequences
 
 
 def batch(texts: list[list[str]], trained: list[list[int]]) -> RolloutBatch:
@@ -95,7 +91,7 @@ def policy(tiny_model):
 def test_the_policy_pass_is_the_policys_own_distribution(policy, packed):
     from evolrl.training import Batching, GRPOLoss, GRPOUpdate
 
-    seqs = sequences(policy.config.vocab_size, [1.0, -1.0, 0.5, -0.5])
+    seqs = short_sequences(policy.config.vocab_size, [1.0, -1.0, 0.5, -0.5])
     update = GRPOUpdate(GRPOLoss(), Batching(mini_batch_size=2, micro_batch_size=1, logprob_chunk_size=5,
                                              max_tokens_per_micro_batch=20 if packed else None, packed=packed), 1.0)
     scored = update.policy_pass(policy, seqs, 0.7)
@@ -123,7 +119,7 @@ def test_an_update_given_the_policy_pass_is_the_update_without_it(tiny_model):
     for with_pass in (False, True):
         policy = load_policy(tiny_model)
         reference = load_policy(tiny_model).eval().requires_grad_(False)
-        seqs = sequences(policy.config.vocab_size, [1.0, -1.0, 0.5, -0.5])
+        seqs = short_sequences(policy.config.vocab_size, [1.0, -1.0, 0.5, -0.5])
         optimizer = torch.optim.SGD(policy.parameters(), lr=0.1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
         update = GRPOUpdate(GRPOLoss(), Batching(mini_batch_size=2, micro_batch_size=1, logprob_chunk_size=7), 1.0)

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from helpers import mixed_sequences
 from torch import nn
 
 from evolrl.models import load_policy
 from evolrl.settings import SettingError
 from evolrl.training.forward import check_fused_head, sequence_logprobs
 from evolrl.training.packing import packed_logprobs
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_packing import sequences
 
 
 def tiny_llama(tied: bool, vocab: int = 300):
@@ -39,7 +34,7 @@ def run(model, logprobs, seqs, fused: bool, weights):
 @pytest.mark.parametrize("logprobs", [sequence_logprobs, packed_logprobs])
 def test_the_fused_head_gives_the_logits_paths_values_and_gradients(tied, logprobs):
     model = tiny_llama(tied)
-    seqs = sequences(model.config.vocab_size)
+    seqs = mixed_sequences(model.config.vocab_size)
     weights = torch.randn(seqs.response_mask.shape, generator=torch.Generator().manual_seed(1))
     (logp, entropy, grads), (f_logp, f_entropy, f_grads) = (run(model, logprobs, seqs, f, weights)
                                                             for f in (False, True))
@@ -53,7 +48,7 @@ def test_the_fused_head_gives_the_logits_paths_values_and_gradients(tied, logpro
 
 def test_the_fused_head_under_bf16_autocast_stays_close_to_the_logits_path():
     model = tiny_llama(tied=False)
-    seqs = sequences(model.config.vocab_size)
+    seqs = mixed_sequences(model.config.vocab_size)
     weights = torch.randn(seqs.response_mask.shape, generator=torch.Generator().manual_seed(1))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         (logp, _, grads), (f_logp, _, f_grads) = (run(model, sequence_logprobs, seqs, f, weights)
@@ -85,7 +80,7 @@ def test_the_fused_head_never_holds_the_passes_logits(logprobs):
     """Nothing of the size of the pass's logits is kept for the backward (the logits path keeps exactly that); a
     vocabulary large against the width, as in real models, so that the logits are the largest activation."""
     model = tiny_llama(tied=False, vocab=5000)
-    seqs = sequences(model.config.vocab_size)
+    seqs = mixed_sequences(model.config.vocab_size)
     scored = int(seqs.response_mask.sum())  # the fewest positions any pass computes logits for
     logits_size = scored * model.config.vocab_size
     assert max(saved_sizes(model, logprobs, seqs, fused=False)) >= logits_size

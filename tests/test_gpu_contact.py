@@ -21,11 +21,9 @@ import lightning as L
 import pytest
 import torch
 import torch.distributed as dist
-from test_callbacks import ForeignRL, eval_view
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from helpers import ForeignRL, eval_view, short_sequences, tied_qwen3
 
 from evolrl.callbacks import PassAtK
-from evolrl.models import load_tokenizer
 from evolrl.training.build import Dtypes, build_models
 
 GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -73,31 +71,6 @@ def test_evaluation_metrics_sync_over_a_one_process_nccl_group_on_a_gpu(backend)
     callback, module, metrics = validate_with_a_process_group(backend, "gpu")
     check_scores(metrics)
     assert callback.metrics["toy"].device.type == "cuda" == module.device.type
-
-
-def tied_qwen3(directory, tokenizer_from: str, max_positions: int = 512, sharp: bool = False):
-    """A tiny random Qwen3 with tied input and output embeddings (as Qwen3-4B), with the tiny model's tokenizer.
-
-    ``sharp``: attention scores scaled up (the q/k norms' weights x4, scores x16) and a peaked output layer, so
-    that attention picks out positions (random weights otherwise attend almost uniformly, and a wrong rotary angle
-    would change little) and the log-probs are far from uniform, as a trained model's.
-    """
-    tokenizer = load_tokenizer(tokenizer_from)
-    torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=max_positions,
-                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
-    model = Qwen3ForCausalLM(config)
-    if sharp:
-        with torch.no_grad():
-            model.lm_head.weight.mul_(8)
-            for layer in model.model.layers:
-                layer.self_attn.q_norm.weight.mul_(4)
-                layer.self_attn.k_norm.weight.mul_(4)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return str(directory)
 
 
 def bf16_models(model_dir: str, sharded: bool):
@@ -158,7 +131,6 @@ def test_fsdp_reduces_gradients_once_per_mini_batch_and_the_update_is_unchanged(
     The reductions are counted by the profiler ranges FSDP2 names ``FSDP::post_backward_reduce`` (torch's own
     labels, so a torch release that renames them fails here loudly rather than passing). Tolerance: one process, so
     the reduce-scatter is a copy; what differs from the unsharded update is only the order of float32 sums."""
-    from test_update import sequences
     from torch.distributed.device_mesh import init_device_mesh
     from torch.profiler import ProfilerActivity, profile
 
@@ -173,7 +145,7 @@ def test_fsdp_reduces_gradients_once_per_mini_batch_and_the_update_is_unchanged(
         batching = Batching(mini_batch_size=2, micro_batch_size=1, logprob_chunk_size=7,
                             reduce_every_pass=reduce_every_pass)
         update = GRPOUpdate(GRPOLoss(kl_coef=0.0), batching, max_grad_norm=1e6)
-        update(policy, None, sequences(policy.config.vocab_size, [1.0, -1.0, 0.5, -0.5]), 0.7, optimizer, scheduler)
+        update(policy, None, short_sequences(policy.config.vocab_size, [1.0, -1.0, 0.5, -0.5]), 0.7, optimizer, scheduler)
         return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
                 for name, p in policy.named_parameters()}
 

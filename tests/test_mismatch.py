@@ -8,11 +8,10 @@ The real engine's side (vLLM's log-probs, a stale engine) is in ``tests/test_vll
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import mixed_sequences, run_update
 
 from evolrl.algorithms.mismatch import (
     correction_weights,
@@ -27,9 +26,6 @@ from evolrl.training.forward import sequence_logprobs
 from evolrl.training.sequences import Sequences, trained_sequences
 from evolrl.training.update import GRPOLoss, GRPOUpdate
 from evolrl.types import Prompt, ResponseGroup, RolloutBatch
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_packing import run_update, sequences
 
 LN = math.log
 
@@ -170,7 +166,7 @@ def sgd_update(tiny_model, seqs, mini_batch_size, **loss):
 def test_masked_sequences_keep_their_tokens_in_the_normalizer(tiny_model, policy):
     """One mini-batch, so the ratio to the old policy is 1 and each token's loss is -A: the policy-gradient loss is
     sum_i w_i (-A_i) L_i / sum_i L_i, the masked sequences' tokens still counted below the line (TRL's normalizer)."""
-    seqs = sequences(policy.config.vocab_size)
+    seqs = mixed_sequences(policy.config.vocab_size)
     lengths = seqs.response_mask.sum(-1).float()  # L_i
     ratios = torch.tensor([1.0, 2.0, 0.5, 5.0, 1.2, 0.1, 3.5, 0.9])  # > 3 is masked: rows 3 and 6
     delta = (ratios.log() / lengths)[:, None].expand_as(seqs.response_mask)  # the same share on every token
@@ -186,7 +182,7 @@ def test_masked_sequences_keep_their_tokens_in_the_normalizer(tiny_model, policy
 
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
 def test_an_all_masked_mini_batch_moves_nothing_and_divides_by_no_zero(tiny_model, policy, aggregation):
-    seqs = sequences(policy.config.vocab_size)
+    seqs = mixed_sequences(policy.config.vocab_size)
     stale = with_sampler(policy, seqs, torch.full(seqs.response_mask.shape, 0.5))  # every sequence's ratio > e^2
     stats, params = sgd_update(tiny_model, stale, 4, mismatch_correction="sequence_mask", entropy_coef=0.0,
                                aggregation=aggregation)
@@ -198,7 +194,7 @@ def test_an_all_masked_mini_batch_moves_nothing_and_divides_by_no_zero(tiny_mode
 
 
 def test_no_correction_measures_and_changes_nothing(tiny_model, policy):
-    seqs = sequences(policy.config.vocab_size)
+    seqs = mixed_sequences(policy.config.vocab_size)
     stats, params = sgd_update(tiny_model, with_sampler(policy, seqs, torch.full(seqs.response_mask.shape, 0.3)), 4)
     plain_stats, plain_params = sgd_update(tiny_model, seqs, 4)  # no sampler log-probs: no diagnostics
     assert {k: v for k, v in stats.items() if not k.startswith("mismatch/")} == plain_stats
@@ -210,7 +206,7 @@ def test_no_correction_measures_and_changes_nothing(tiny_model, policy):
 
 
 def test_a_correction_without_sampler_logprobs_is_an_error(tiny_model, policy):
-    seqs = sequences(policy.config.vocab_size)
+    seqs = mixed_sequences(policy.config.vocab_size)
     with pytest.raises(ValueError, match="mismatch_correction='token_truncate' needs the sampler's log-probs"):
         sgd_update(tiny_model, seqs, 4, mismatch_correction="token_truncate")
 
@@ -219,7 +215,7 @@ def test_a_correction_without_sampler_logprobs_is_an_error(tiny_model, policy):
 def test_token_budget_and_packing_give_the_fixed_count_corrected_update(tiny_model, policy, correction):
     """The weights depend only on a sequence's own tokens, and sequences never span micro-batches: the corrected
     update is the same for every split (two mini-batches, KL to the reference)."""
-    plain = sequences(policy.config.vocab_size)
+    plain = mixed_sequences(policy.config.vocab_size)
     delta = 0.4 * torch.randn(plain.response_mask.shape, generator=torch.Generator().manual_seed(2))
     seqs = with_sampler(policy, plain, delta)
     settings = {"count": {"micro_batch_size": 2},

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
-from pathlib import Path
 from types import SimpleNamespace
 
 import lightning as L
 import pytest
 import torch
+from helpers import LENGTHS, fit, mixed_sequences, run_update
 from torch import nn
 
 from evolrl.models import load_policy
@@ -21,26 +20,6 @@ from evolrl.training.packing import check_packing, packed_logprobs
 from evolrl.training.plan import lockstep, micro_batch_plan, pass_tokens, token_budget_plan
 from evolrl.training.sequences import Sequences
 from evolrl.training.sequencewise_attention import SEQUENCEWISE_SDPA, use_sequencewise_attention
-from evolrl.training.update import GRPOLoss, GRPOUpdate
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_training import fit
-
-LENGTHS = [14, 6, 21, 9, 17, 7, 11, 25]  # prompt + response tokens per sequence
-PROMPTS = [4, 3, 6, 4, 5, 3, 4, 6]
-
-
-def sequences(vocab: int, lengths=LENGTHS, prompts=PROMPTS, seed: int = 0) -> Sequences:
-    """Right-padded sequences of different lengths, random advantages."""
-    generator = torch.Generator().manual_seed(seed)
-    n, width = len(lengths), max(lengths)
-    ids = torch.randint(3, vocab, (n, width), generator=generator)
-    attention = (torch.arange(width) < torch.tensor(lengths)[:, None]).long()
-    ids[attention == 0] = 0  # padding
-    response = torch.zeros(n, width - 1, dtype=torch.bool)
-    for i, (length, prompt) in enumerate(zip(lengths, prompts)):
-        response[i, prompt - 1 : length - 1] = True
-    return Sequences(ids, attention, response, torch.randn(n, generator=generator))
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +45,7 @@ def test_sequencewise_attention_on_a_gpu_equals_the_padded_path(tiny_model):
 
 
 def assert_packed_equals_padded(model, device: str = "cpu") -> None:
-    seqs = sequences(model.config.vocab_size).to(device)
+    seqs = mixed_sequences(model.config.vocab_size).to(device)
     weights = torch.randn(seqs.response_mask.shape, generator=torch.Generator().manual_seed(1)).to(device)
     results = []
     for logprobs in (sequence_logprobs, packed_logprobs):
@@ -109,7 +88,7 @@ def change_of_the_others(model, seqs: Sequences) -> float:
 
 
 def test_packed_sequences_cannot_see_each_other(policy):
-    seqs = sequences(policy.config.vocab_size)
+    seqs = mixed_sequences(policy.config.vocab_size)
     assert change_of_the_others(policy, seqs) < 1e-6  # block-diagonal: the others never saw the first sequence
     assert change_of_the_others(FullCausalMask(policy), seqs) > 1e-2  # the check sees a leak where there is one
     check_packing(policy)
@@ -124,7 +103,7 @@ def test_sequencewise_attention_keeps_packed_sequences_apart_without_the_mask(ti
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation="sdpa")
-    seqs = sequences(model.config.vocab_size)
+    seqs = mixed_sequences(model.config.vocab_size)
     assert change_of_the_others(FullCausalMask(model), seqs) > 1e-2  # sdpa reads the (leaky) mask
     use_sequencewise_attention(model)
     assert model.config._attn_implementation == SEQUENCEWISE_SDPA
@@ -148,7 +127,7 @@ def test_sequencewise_attention_keeps_sliding_windows(tiny_model):
                          sliding_window=4, layer_types=["sliding_attention", "full_attention"], max_window_layers=0,
                          attn_implementation=SEQUENCEWISE_SDPA)
     model = Qwen3ForCausalLM(config)
-    seqs = sequences(vocab)
+    seqs = mixed_sequences(vocab)
     mask = seqs.response_mask
     with torch.no_grad():  # sequences longer than the window: the sliding layer must still see only 4 keys
         padded, packed = (logprobs(model, seqs, 1.0, 16)[0] for logprobs in (sequence_logprobs, packed_logprobs))
@@ -171,24 +150,9 @@ def test_token_budget_plan_bins_each_mini_batch_under_the_budget():
     assert lockstep([[[0], []]], torch.device("cpu")) == [[[0], []]]  # one process: unchanged
 
 
-def run_update(tiny_model, seqs, plan_wrapper=None, loss=None, **settings) -> tuple[list, dict, dict]:
-    """One training step on ``seqs`` (2 mini-batches, KL to the reference) with SGD, whose parameters are linear
-    in the gradients and so compare as tightly: ``(plan, stats, parameters)``."""
-    policy = load_policy(tiny_model)
-    reference = load_policy(tiny_model).eval().requires_grad_(False)
-    optimizer = torch.optim.SGD(policy.parameters(), lr=1e-2)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    update = GRPOUpdate(GRPOLoss(kl_coef=0.05, **(loss or {})),
-                        Batching(**{"mini_batch_size": 4, "logprob_chunk_size": 16, **settings}), max_grad_norm=1.0)
-    if plan_wrapper is not None:
-        update.plan = plan_wrapper(update.plan)
-    stats = update(policy, reference, seqs, 0.7, optimizer, scheduler)
-    return update.plan(seqs), stats, {n: p.detach().clone() for n, p in policy.named_parameters()}
-
-
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
 def test_token_budget_and_packing_give_the_fixed_count_update(tiny_model, policy, aggregation):
-    seqs = sequences(policy.config.vocab_size)
+    seqs = mixed_sequences(policy.config.vocab_size)
     runs = {name: run_update(tiny_model, seqs, loss={"aggregation": aggregation}, **settings) for name, settings in {
         "count": {"micro_batch_size": 2}, "count packed": {"micro_batch_size": 2, "packed": True},
         "budget": {"micro_batch_size": 1, "max_tokens_per_micro_batch": 45},
@@ -215,7 +179,7 @@ def test_a_filler_pass_adds_exactly_nothing(tiny_model, policy, packed):
     def with_fillers(plan):
         return lambda seqs: [[[], *mini, []] for mini in plan(seqs)]
 
-    seqs = sequences(policy.config.vocab_size)
+    seqs = mixed_sequences(policy.config.vocab_size)
     settings = {"micro_batch_size": 1, "max_tokens_per_micro_batch": 45, "packed": packed}
     plan, stats, params = run_update(tiny_model, seqs, **settings)
     padded_plan, padded_stats, padded_params = run_update(tiny_model, seqs, with_fillers, **settings)
@@ -283,7 +247,7 @@ def test_packed_and_padded_differ_in_bf16_by_rounding_only(tiny_model, device):
         model = load_policy(tiny_model).to(device=device, dtype=dtype)
         with torch.no_grad():
             model.lm_head.weight.mul_(8)
-        seqs = sequences(model.config.vocab_size).to(device)
+        seqs = mixed_sequences(model.config.vocab_size).to(device)
         with torch.no_grad():
             results[dtype] = [f(model, seqs, 1.0, 16)[0][seqs.response_mask].double().cpu()
                               for f in (sequence_logprobs, packed_logprobs)]

@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from tiny import make_tiny_model
+from helpers import make_tiny_model, scalars
 
 from evolrl.algorithms import policy_loss
 from evolrl.models import load_policy, load_tokenizer
@@ -271,7 +271,6 @@ def fit_config(tmp_path: Path, model: str) -> Path:
 def test_the_sampling_path_is_deterministic_in_one_process(tmp_path, tiny_model, minilm, monkeypatch):
     """Two fits of the same config, sampling and evaluation included: the same curves and weights, bit for bit
     (exact on one machine; across machines sampled tokens may part ways, which the replay above is immune to)."""
-    from test_training import scalars
 
     from evolrl.cli import main
 

@@ -7,13 +7,14 @@ import itertools
 import json
 import re
 import sys
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
 import yaml
+from helpers import Recorder, fit, scalars, tiny_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from evolrl.cli import main
@@ -65,48 +66,6 @@ def test_every_config_file_has_a_header_with_its_command():
         assert re.search(r"python -m evolrl (fit|validate|test) --config configs/", text), path
 
 
-def tiny_config(tmp_path: Path, model: str, steps: int = 2, reward: str = "EvolReward", **model_overrides) -> Path:
-    config = {
-        "seed_everything": 0,
-        "trainer": {
-            "accelerator": "cpu", "max_epochs": 1, "limit_train_batches": steps, "log_every_n_steps": 1,
-            "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False,
-            "val_check_interval": 1, "num_sanity_val_steps": -1,
-            "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                       "init_args": {"save_dir": str(tmp_path), "name": "tiny"}},
-            "callbacks": [{"class_path": "evolrl.callbacks.PassAtK",
-                           "init_args": {"pass_ks": [1, 4], "maj_ks": [4]}}],
-        },
-        "model": {
-            "model": model,
-            "reward": {"class_path": f"evolrl.rewards.{reward}",
-                       "init_args": {"valid_rule": "any", "number_fallback": True}},
-            "batching": {"mini_batch_size": 4, "micro_batch_size": 2}, "optim": {"lr": 1e-3}, **model_overrides,
-        },
-        "data": {
-            "train": {"class_path": "evolrl.data.AdditionPrompts", "init_args": {"count": 8}},
-            "engine": {"class_path": "evolrl.rollout.HFEngine"},
-            "prompts_per_step": 2, "vote_samples": 4, "trained_samples": 3, "sampling": {"max_new_tokens": 6},
-            "eval_sets": [{"class_path": "evolrl.data.EvalSet", "init_args": {
-                "name": "addition", "source": {"class_path": "evolrl.data.AdditionPrompts",
-                                               "init_args": {"count": 4, "seed": 1}}}}],
-            "eval_samples": 4, "eval_sampling": {"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 6},
-        },
-    }
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def scalars(log_dir: Path) -> dict[str, list[float]]:
-    files = glob.glob(str(log_dir / "**" / "events.out.tfevents.*"), recursive=True)
-    assert files, f"no TensorBoard event file under {log_dir}"
-    events = EventAccumulator(files[0])
-    events.Reload()
-    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-
-
 def test_two_step_fit_from_the_cli_writes_tensorboard_scalars(tmp_path, tiny_model, minilm, monkeypatch):
     monkeypatch.setattr("sys.argv", ["evolrl"])
     main(["fit", "--config", str(tiny_config(tmp_path, tiny_model))])
@@ -145,7 +104,6 @@ def test_plot_dynamics_overlays_two_runs(tmp_path, tiny_model, minilm, monkeypat
     for reward in ("EvolReward", "MajorityVoteReward"):
         main(["fit", "--config", str(tiny_config(tmp_path / reward, tiny_model, steps=3, reward=reward))])
         runs.append(next((tmp_path / reward / "tiny").iterdir()))
-    sys.path.insert(0, str(Path(__file__).parent.parent / "tools"))
     from plot_dynamics import plot, read_scalars
 
     out = plot(runs, ["EVOL-RL", "TTRL"], tmp_path / "dynamics.png")
@@ -158,43 +116,10 @@ def test_plot_dynamics_overlays_two_runs(tmp_path, tiny_model, minilm, monkeypat
 
 
 def test_seed_bands_are_the_mean_and_range_at_the_steps_every_seed_logged():
-    sys.path.insert(0, str(Path(__file__).parent.parent / "tools"))
     from plot_dynamics import seed_band
 
     steps, mean, low, high = seed_band([[(0, 1.0), (5, 3.0), (10, 2.0)], [(0, 3.0), (5, 5.0)]])
     assert (steps, mean, low, high) == ([0, 5], [2.0, 4.0], [1.0, 3.0], [3.0, 5.0])
-
-
-class Recorder(L.Callback):
-    def __init__(self):
-        self.versions, self.losses = [], []
-
-    def on_train_start(self, trainer, module):
-        self.before = {k: v.detach().clone() for k, v in module.policy.state_dict().items()}
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        self.versions.append(outputs["rollouts"].weights_version)
-        self.losses.append(outputs["stats"]["loss"])
-
-
-BATCHING = {f.name for f in fields(Batching)}
-
-
-def fit(model_dir: str, steps: int = 1, module_kwargs=None, datamodule_cls=RolloutDataModule, callbacks=(),
-        trainer_kwargs=None, **data_kwargs):
-    kwargs = {"reward": MajorityVoteReward(), **(module_kwargs or {})}  # Batching's fields by name too
-    batching = {"mini_batch_size": 6, "micro_batch_size": 2} | {k: kwargs.pop(k) for k in BATCHING & set(kwargs)}
-    module = EvolRLModule(model_dir, batching=Batching(**batching), **kwargs)
-    data = datamodule_cls(AdditionPrompts(count=8), model=model_dir, **{
-        "engine": HFEngine(), "prompts_per_step": 2, "vote_samples": 4, "trained_samples": 3,
-        "sampling": Sampling(max_new_tokens=6),
-        **data_kwargs})
-    recorder = Recorder()
-    trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=steps, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[recorder, *callbacks], **(trainer_kwargs or {}))
-    trainer.fit(module, data)
-    return module, data, recorder
 
 
 def test_a_training_step_changes_parameters_and_keeps_the_loss_finite(tiny_model):

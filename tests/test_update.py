@@ -3,23 +3,11 @@
 from __future__ import annotations
 
 import torch
+from helpers import short_sequences
 
 from evolrl.models import load_policy
 from evolrl.training import Batching
-from evolrl.training.sequences import Sequences
 from evolrl.training.update import GRPOLoss, GRPOUpdate
-
-
-def sequences(vocab: int, advantages: list[float]) -> Sequences:
-    generator = torch.Generator().manual_seed(0)
-    n = len(advantages)
-    ids = torch.randint(3, vocab, (n, 10), generator=generator)
-    attention = torch.ones_like(ids)
-    attention[1, 8:] = 0  # a shorter row
-    response = torch.zeros(n, 9, dtype=torch.bool)
-    response[:, 3:] = True
-    response[1, 7:] = False
-    return Sequences(ids, attention, response, torch.tensor(advantages))
 
 
 def run(tiny_model, advantages, **loss):
@@ -29,7 +17,7 @@ def run(tiny_model, advantages, **loss):
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     update = GRPOUpdate(GRPOLoss(**loss), Batching(mini_batch_size=2, micro_batch_size=1, logprob_chunk_size=7), max_grad_norm=1.0)
-    stats = update(policy, reference, sequences(policy.config.vocab_size, advantages), 0.7, optimizer, scheduler)
+    stats = update(policy, reference, short_sequences(policy.config.vocab_size, advantages), 0.7, optimizer, scheduler)
     return update, stats, before, policy, scheduler
 
 
@@ -56,7 +44,7 @@ def test_under_bf16_autocast_a_later_mini_batch_trains_on_the_weights_the_earlie
     place. The second mini-batch must see the weights the first optimizer step wrote: its log-probs are those of a
     fresh bf16 forward pass of those weights, not of the weights the step started from."""
     policy = load_policy(tiny_model)
-    seqs = sequences(policy.config.vocab_size, [1.0, -1.0, 0.5, -0.5])
+    seqs = short_sequences(policy.config.vocab_size, [1.0, -1.0, 0.5, -0.5])
     moved = {}
 
     class Snapshot(torch.optim.SGD):

