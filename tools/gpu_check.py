@@ -50,10 +50,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tools this one builds on
 warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' renamings, not this report's business
 
-import torch  # noqa: E402
-
-import gpu_check_probes as probes  # noqa: E402
-import gpu_check_runs as runs  # noqa: E402
+import gpu_check_probes as probes
+import gpu_check_runs as runs
+import torch
 
 SECTIONS = ("environment", "gpu-tests", "fit", "kl", "update", "vllm")
 PACKAGES = ("transformers", "lightning", "math-verify", "latex2sympy2_extended", "antlr4-python3-runtime",
@@ -164,8 +163,8 @@ def fit(check: Check, engines: tuple[tuple[str, str], ...] = (("auto", "hf"), ("
                      ", ".join(str(s) for s in sorted(val)) or "none", "ok" if fine else "FAILED"))
         errors += [f"{name} {s} (exit {out[s]['code']}, log {check.work / f'{name}-{s}.log'}):\n```\n{out[s]['tail']}\n```"
                    for s in ran if out[s]["code"]]
-    lines = [f"model: Qwen3 shape {size['shape']['hidden_size']} x {size['shape']['num_hidden_layers']} layers, tied "
-             f"embeddings, random weights; tokenizer: {source}; {steps} steps, then resumed to {2 * steps}"]
+    lines = [(f"model: Qwen3 shape {size['shape']['hidden_size']} x {size['shape']['num_hidden_layers']} layers, tied "
+             f"embeddings, random weights; tokenizer: {source}; {steps} steps, then resumed to {2 * steps}")]
     return good, lines + table(["strategy", "engine", "fit", "resume", "train/loss", "val pass@1 at steps", ""],
                                rows) + errors
 
@@ -185,14 +184,14 @@ def kl(check: Check, reference=None) -> tuple[bool, list[str]]:
     rows = [(f"{lo:,}-{hi - 1:,}", f"{gap:.4f}", f"{k3:.2e}") for lo, hi, gap, k3 in out["bands"]]
     first, last = out["bands"][0][2], out["bands"][-1][2]
     good = not (last > KL_RATIO * first and last > KL_FLOOR)
-    return good, [f"one {size['length']:,}-token sequence of random tokens; policy float32 under bf16 autocast, "
+    return good, [(f"one {size['length']:,}-token sequence of random tokens; policy float32 under bf16 autocast, "
                   f"reference from build_models (reference_dtype bfloat16), rotary buffers {out['rotary']}; "
-                  f"mean log p {out['mean_logp']:.2f}",
+                  f"mean log p {out['mean_logp']:.2f}"),
                   *table(["positions", "mean abs(logp policy - logp ref)", "k3 KL"], rows),
-                  f"k3 KL over all positions: {out['k3']:.2e}; last band / first band: {last / first:.2f} "
+                  (f"k3 KL over all positions: {out['k3']:.2e}; last band / first band: {last / first:.2f} "
                   f"(FAILED above {KL_RATIO} when the last band is above {KL_FLOOR}: a gap growing with position is "
                   "rotary angles from bf16 frequencies; measured on an H100, 12k positions: 0.0098 -> 0.15 with "
-                  "bf16 buffers, 0.006-0.007 flat with fp32 ones)"]
+                  "bf16 buffers, 0.006-0.007 flat with fp32 ones)")]
 
 
 def update(check: Check) -> tuple[bool, list[str]]:
@@ -211,18 +210,18 @@ def update(check: Check) -> tuple[bool, list[str]]:
     memory_ok = not check.gpu or peak <= MEMORY_SLACK * estimate
     what = "allocated" if check.gpu else "resident (whole process, runtime included: not comparable)"
     return memory_ok and out["skipped"] == 0, [
-        f"{size['name']} shape ({out['params']:,} parameters, random weights), {size['sequences']} "
+        (f"{size['name']} shape ({out['params']:,} parameters, random weights), {size['sequences']} "
         f"sequences of {size['prompt']} + log-normal(median {size['median']}, cap {size['cap']}) tokens, mini-batches "
         f"of {size['mini_batch']}, packed passes of at most {size['budget']:,} tokens, checkpointing, KL, entropy, "
-        f"bf16 autocast, AdamW fp32",
+        f"bf16 autocast, AdamW fp32"),
         *table(["draw", "tokens", "longest", "s", "peak"],
                [(i, f"{d['tokens']:,}", f"{d['longest']:,}", f"{d['seconds']:.2f}", gib(d["peak_gib"]))
                 for i, d in enumerate(draws)]),
-        f"median {seconds:.2f} s per update; {tokens:,.0f} tokens/s; {flops(rate)} model FLOPs "
-        f"(tools/bench_update.py's count), MFU {rate / peak_rate:.1%} of {peak_source}",
-        f"peak memory {what}: {gib(peak)}; tools/gpu_budget.py's estimate of the update on one device: "
+        (f"median {seconds:.2f} s per update; {tokens:,.0f} tokens/s; {flops(rate)} model FLOPs "
+        f"(tools/bench_update.py's count), MFU {rate / peak_rate:.1%} of {peak_source}"),
+        (f"peak memory {what}: {gib(peak)}; tools/gpu_budget.py's estimate of the update on one device: "
         f"{gib(estimate)} (ratio {peak / estimate:.2f}; FAILED above {MEMORY_SLACK} on a GPU); "
-        f"non-finite steps skipped: {out['skipped']}"]
+        f"non-finite steps skipped: {out['skipped']}")]
 
 
 def vllm(check: Check) -> tuple[bool, list[str]]:
