@@ -13,11 +13,11 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "tools"))
-import gpu_check  # noqa: E402
-import gpu_check_probes  # noqa: E402
+import gpu_check
+import gpu_check_probes
 
 pytestmark = pytest.mark.slow  # each builds and runs a model, the fit test starts the CLI: ~15 s apiece on 2 cores
-HEADING = re.compile(r"^## (\d)\. ([a-z-]+): (ok|FAILED|skipped) \(\d+ s\)$", re.M)
+HEADING = re.compile(r"^## (\d)\. ([a-z-]+): (ok|FAILED|skipped) \(\d+ s\)$", re.MULTILINE)
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def test_cpu_mode_writes_a_report_with_a_status_per_section(tmp_path, capsys):
     status = {name: s for _, name, s in headings}
     assert status["environment"] == "ok", report  # the test environment has every package the project needs
     for package in ("math-verify", "latex2sympy2_extended", "antlr4-python3-runtime", "jsonargparse", "datasets"):
-        assert re.search(rf"^\| {package} \| \d", report, re.M), package
+        assert re.search(rf"^\| {package} \| \d", report, re.MULTILINE), package
     assert status["gpu-tests"] == "skipped" and "skipped: no CUDA device" in report
     assert status["update"] == "ok", report
     assert re.search(r"tokens/s; [\d.]+ GFLOP/s model FLOPs .* MFU [\d.]+%", report)
@@ -72,5 +72,6 @@ def test_a_fit_the_cli_refuses_is_failed_with_its_output(check):
     good, lines = gpu_check.fit(check, engines=(("auto", "hf"),))
     text = "\n".join(lines)
     assert not good
-    assert re.search(r"^\| auto \| hf \| FAILED \(\d+ s\) \| not run \| none \| none \| FAILED \|$", text, re.M), text
+    row = r"^\| auto \| hf \| FAILED \(\d+ s\) \| not run \| none \| none \| none \| FAILED \|$"
+    assert re.search(row, text, re.MULTILINE), text
     assert "max_new_tokens" in text and "(exit 2" in text

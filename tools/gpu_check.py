@@ -35,6 +35,7 @@ import math
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -158,15 +159,19 @@ def fit(check: Check, engines: tuple[tuple[str, str], ...] = (("auto", "hf"), ("
         fine = (all(out[s]["code"] == 0 and out[s]["checkpoint"] for s in ran) and len(ran) == 2
                 and len(loss) == 2 * steps and all(math.isfinite(v) for v in loss.values()) and 0 in val)
         good &= fine
+        flat = out["scalars"].get("train/zero_variance_groups", {})
         rows.append((strategy, engine, *(stage_cell(out.get(s)) for s in ("fit", "resume")),
                      f"{len(loss)} steps, last {loss[max(loss)]:.4f}" if loss else "none",
+                     f"{sum(flat.values()) / len(flat):.2f}" if flat else "none",
                      ", ".join(str(s) for s in sorted(val)) or "none", "ok" if fine else "FAILED"))
-        errors += [f"{name} {s} (exit {out[s]['code']}, log {check.work / f'{name}-{s}.log'}):\n```\n{out[s]['tail']}\n```"
-                   for s in ran if out[s]["code"]]
+        errors += [f"{name} {s} (exit {out[s]['code']}, log {check.work / f'{name}-{s}.log'}):"
+                   f"\n```\n{out[s]['tail']}\n```" for s in ran if out[s]["code"]]
     lines = [(f"model: Qwen3 shape {size['shape']['hidden_size']} x {size['shape']['num_hidden_layers']} layers, tied "
              f"embeddings, random weights; tokenizer: {source}; {steps} steps, then resumed to {2 * steps}")]
-    return good, lines + table(["strategy", "engine", "fit", "resume", "train/loss", "val pass@1 at steps", ""],
-                               rows) + errors
+    head = ["strategy", "engine", "fit", "resume", "train/loss", "zero-variance groups", "val pass@1 at steps", ""]
+    note = ("(zero-variance groups: the share of groups whose rewards were all equal, so that their advantages and "
+            "policy-gradient term were 0; a random model rarely writes a number to vote on)")
+    return good, [*lines, *table(head, rows), note, *errors]
 
 
 def stage_cell(stage: dict | None) -> str:
@@ -203,12 +208,13 @@ def update(check: Check) -> tuple[bool, list[str]]:
     out = probes.one_update(model, check.device, **{k: size[k] for k in keys})
     peak_rate, peak_source = probes.card_peak(check.device)
     draws = out["draws"]
-    seconds = sorted(d["seconds"] for d in draws)[len(draws) // 2]
+    seconds = statistics.median(d["seconds"] for d in draws)
     rate = sum(d["flops"] for d in draws) / sum(d["seconds"] for d in draws)
     tokens = sum(d["tokens"] for d in draws) / sum(d["seconds"] for d in draws)
     peak, estimate = max(d["peak_gib"] for d in draws), probes.estimated_update_gib(model, size["budget"])
     memory_ok = not check.gpu or peak <= MEMORY_SLACK * estimate
-    what = "allocated" if check.gpu else "resident (whole process, runtime included: not comparable)"
+    compared = (f"ratio {peak / estimate:.2f}, FAILED above {MEMORY_SLACK}" if check.gpu else
+                "not compared on a CPU: the resident set holds the runtime and libraries too")
     return memory_ok and out["skipped"] == 0, [
         (f"{size['name']} shape ({out['params']:,} parameters, random weights), {size['sequences']} "
         f"sequences of {size['prompt']} + log-normal(median {size['median']}, cap {size['cap']}) tokens, mini-batches "
@@ -219,9 +225,8 @@ def update(check: Check) -> tuple[bool, list[str]]:
                 for i, d in enumerate(draws)]),
         (f"median {seconds:.2f} s per update; {tokens:,.0f} tokens/s; {flops(rate)} model FLOPs "
         f"(tools/bench_update.py's count), MFU {rate / peak_rate:.1%} of {peak_source}"),
-        (f"peak memory {what}: {gib(peak)}; tools/gpu_budget.py's estimate of the update on one device: "
-        f"{gib(estimate)} (ratio {peak / estimate:.2f}; FAILED above {MEMORY_SLACK} on a GPU); "
-        f"non-finite steps skipped: {out['skipped']}")]
+        (f"peak memory {'allocated' if check.gpu else 'resident'}: {gib(peak)}; tools/gpu_budget.py's estimate of "
+         f"the update on one device: {gib(estimate)} ({compared}); non-finite steps skipped: {out['skipped']}")]
 
 
 def vllm(check: Check) -> tuple[bool, list[str]]:
