@@ -112,7 +112,7 @@ def fit(check: Check, engines: tuple[tuple[str, str], ...] = (("auto", "hf"), ("
     tok, source = runs.tokenizer()
     model = check.work / "fit-model"
     if not model.exists():
-        runs.random_qwen3(model, size["shape"], tok, device=check.device.type)
+        runs.random_qwen3(model, size["shape"], tok, device=check.device.type, numbers=True)
     steps, good, rows, errors = size["steps"], True, [], []
     for strategy, engine in engines:
         name = f"{engine}-{strategy}"
@@ -130,11 +130,12 @@ def fit(check: Check, engines: tuple[tuple[str, str], ...] = (("auto", "hf"), ("
                      ", ".join(str(s) for s in sorted(val)) or "none", "ok" if fine else "FAILED"))
         errors += [f"{name} {s} (exit {out[s]['code']}, log {check.work / f'{name}-{s}.log'}):"
                    f"\n```\n{out[s]['tail']}\n```" for s in ran if out[s]["code"]]
-    lines = [(f"model: Qwen3 shape {size['shape']['hidden_size']} x {size['shape']['num_hidden_layers']} layers, tied "
-             f"embeddings, random weights; tokenizer: {source}; {steps} steps, then resumed to {2 * steps}")]
+    shape = size["shape"]
+    lines = [(f"model: Qwen3 shape {shape['hidden_size']} x {shape['num_hidden_layers']} layers, tied embeddings, "
+              f"random weights (digits made likely); tokenizer: {source}; {steps} steps, then resumed to {2 * steps}")]
     head = ["strategy", "engine", "fit", "resume", "train/loss", "zero-variance groups", "val pass@1 at steps", ""]
-    note = ("(zero-variance groups: the share of groups whose rewards were all equal, so that their advantages and "
-            "policy-gradient term were 0; a random model rarely writes a number to vote on)")
+    note = ("(zero-variance groups: the share of groups whose rewards were all equal, their advantages and "
+            "policy-gradient term 0; the model's digits are made likely so that responses end in numbers to vote on)")
     return good, [*lines, *table(head, rows), note, *errors]
 
 

@@ -46,9 +46,14 @@ def tokenizer():
 
 
 def random_qwen3(directory: Path, shape: dict, tok=None, vocab: int = 4096, init: float = 0.02,
-                 device: str = "cpu") -> Path:
+                 device: str = "cpu", numbers: bool = False) -> Path:
     """A Qwen3-shaped causal LM with tied embeddings and random weights (``initializer_range`` ``init``), saved in
-    bf16 to ``directory`` with ``tok`` (or, without one, ``vocab`` entries and no tokenizer)."""
+    bf16 to ``directory`` with ``tok`` (or, without one, ``vocab`` entries and no tokenizer).
+
+    ``numbers``: the digit tokens' embeddings get +1 on the first dimension and the final norm weighs that dimension
+    20x, so that at about half the positions (where the hidden state is positive there) a digit is all but certain:
+    responses then end in numbers, the majority vote has answers to count, and a step's advantages are not all zero.
+    """
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
@@ -58,6 +63,10 @@ def random_qwen3(directory: Path, shape: dict, tok=None, vocab: int = 4096, init
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    if numbers:
+        with torch.no_grad():
+            model.get_input_embeddings().weight[tok.convert_tokens_to_ids([str(d) for d in range(10)]), 0] += 1.0
+            model.model.norm.weight[0] = 20.0
     model.save_pretrained(directory)
     if tok is not None:
         tok.save_pretrained(directory)
