@@ -1,0 +1,73 @@
+"""tools/gpu_check.py in its CPU mode, for real on tiny shapes: the report's structure, and broken inputs reported as
+FAILED (a KL reference with bf16 rotary buffers, an update setting out of range, a fit the CLI refuses)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import re
+
+import gpu_check
+import gpu_check_probes
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow  # each builds and runs a model, the fit test starts the CLI: ~15 s apiece on 2 cores
+HEADING = re.compile(r"^## (\d)\. ([a-z-]+): (ok|FAILED|skipped) \(\d+ s\)$", re.MULTILINE)
+
+
+@pytest.fixture
+def check(tmp_path):
+    return gpu_check.Check(gpu=False, quick=True, work=tmp_path, timeout=300)
+
+
+def test_cpu_mode_writes_a_report_with_a_status_per_section(tmp_path, capsys):
+    sections = ["environment", "gpu-tests", "update"] + (["vllm"] if importlib.util.find_spec("vllm") is None else [])
+    code = gpu_check.main(["--cpu", "--quick", "--sections", ",".join(sections), "--out", str(tmp_path)])
+    report = (tmp_path / "gpu_check.md").read_text()
+    assert capsys.readouterr().out.count("## ") == len(sections)  # printed as it goes, too
+    headings = HEADING.findall(report)
+    assert [name for _, name, _ in headings] == sections
+    assert [int(n) for n, _, _ in headings] == [gpu_check.SECTIONS.index(s) + 1 for s in sections]
+    status = {name: s for _, name, s in headings}
+    assert status["environment"] == "ok", report  # the test environment has every package the project needs
+    for package in ("math-verify", "latex2sympy2_extended", "antlr4-python3-runtime", "jsonargparse", "datasets"):
+        assert re.search(rf"^\| {package} \| \d", report, re.MULTILINE), package
+    assert status["gpu-tests"] == "skipped" and "skipped: no CUDA device" in report
+    assert status["update"] == "ok", report
+    assert re.search(r"tokens/s; [\d.]+ GFLOP/s model FLOPs .* MFU [\d.]+%", report)
+    if "vllm" in status:
+        assert status["vllm"] == "skipped" and "vLLM is not installed" in report
+    summary = report.strip().splitlines()[-1]
+    assert re.fullmatch(r"summary: \d ok, 0 FAILED, \d skipped in \d+ s", summary)
+    assert code == 0
+
+
+def test_kl_section_fails_bf16_rotary_buffers_and_passes_fp32_ones(check):
+    # The same weights either way; only the reference's buffers differ. Over this quick 2,048-token probe the bf16
+    # buffers' gap grows ~2.2x from the first band to the last (0.008 -> 0.019 on the development machine) and the
+    # fp32 buffers' stays flat (~0.9x): the 1.5x line sits between, with room for other CPUs' bf16 kernels.
+    bf16_buffers = gpu_check.run_section(4, "kl", check, lambda c: gpu_check.kl(
+        c, reference=lambda policy: copy.deepcopy(policy).to(torch.bfloat16)))
+    fp32_buffers = gpu_check.run_section(4, "kl", check, lambda c: gpu_check.kl(
+        c, reference=gpu_check_probes.keep_buffers_fp32))
+    assert bf16_buffers[0] == "FAILED" and "rotary buffers torch.bfloat16" in "\n".join(bf16_buffers[1])
+    assert fp32_buffers[0] == "ok" and "rotary buffers torch.float32" in "\n".join(fp32_buffers[1])
+    assert HEADING.match(bf16_buffers[1][0]) and HEADING.match(fp32_buffers[1][0])
+
+
+def test_a_section_that_raises_is_failed_with_the_error(check):
+    check.size["update"]["budget"] = 0  # GRPOUpdate refuses it as it is built
+    status, lines = gpu_check.run_section(5, "update", check)
+    assert status == "FAILED" and lines[0].startswith("## 5. update: FAILED")
+    assert "SettingError" in "\n".join(lines) and "max_tokens_per_micro_batch=0" in "\n".join(lines)
+
+
+def test_a_fit_the_cli_refuses_is_failed_with_its_output(check):
+    check.size["fit"]["new_tokens"] = 0  # Sampling.max_new_tokens must be >= 1: a usage error at the CLI's start
+    good, lines = gpu_check.fit(check, engines=(("auto", "hf"),))
+    text = "\n".join(lines)
+    assert not good
+    row = r"^\| auto \| hf \| FAILED \(\d+ s\) \| not run \| none \| none \| none \| FAILED \|$"
+    assert re.search(row, text, re.MULTILINE), text
+    assert "max_new_tokens" in text and "(exit 2" in text

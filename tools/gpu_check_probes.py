@@ -1,0 +1,142 @@
+"""The in-process measurements of ``tools/gpu_check.py``: the KL reference at long positions, and one update.
+
+KL: the policy and its reference as ``evolrl.training.build.build_models`` makes them for a ``bf16-mixed`` run
+(float32 master weights, reference in ``reference_dtype`` bfloat16), at identical weights, both scored under bf16
+autocast as the update scores them (``sequence_logprobs``, the fused head) over one long sequence of random tokens.
+Any difference is numerics; one that grows with position is rotary angles computed from rounded frequencies.
+
+Update: ``GRPOUpdate`` as ``tools/bench_update.py`` builds it (its sequences and FLOP count), on this device:
+packed passes under a token budget, gradient checkpointing, KL and entropy terms, fused AdamW.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from pathlib import Path
+
+import torch
+from bench_update import counted_weights, make_sequences, matmul_peak, responses, update_flops
+from gpu_budget import budget as memory_budget
+from gpu_budget import from_config
+
+GIB = 2**30
+DENSE_BF16_TFLOPS = {"H200": 989, "H100 PCIe": 756, "H100 NVL": 835, "H100": 989, "A100": 312, "L40S": 362,
+                     "L40": 181, "L4": 121}
+"""Published dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, by a part of the device's name (first match, so
+the longer names come first); another card's peak is measured."""
+
+
+def autocast(device: torch.device):
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def keep_buffers_fp32(policy):
+    """A reference with only its parameters in bfloat16 (the buffers, rotary frequencies among them, float32)."""
+    reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    for p in reference.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    return reference
+
+
+def kl_at_positions(model_dir: Path, length: int, bands: list[tuple[int, int]], device: torch.device,
+                    reference=None) -> dict:
+    """Mean |log p_policy - log p_reference| per band of positions, k3 KL per band and overall, and the reference's
+    rotary dtype. ``reference``: a function of the policy that makes the reference; default the project's own
+    (``build_models``)."""
+    from evolrl.algorithms.kl import low_var_kl
+    from evolrl.training.build import Dtypes, build_models
+    from evolrl.training.forward import sequence_logprobs
+
+    policy, built = build_models(str(model_dir), Dtypes.resolve("bf16-mixed", "float32"), with_reference=True)
+    ref = (reference(policy) if reference is not None else built).to(device)
+    policy = policy.to(device).eval()
+    seqs = make_sequences([length], 1, policy.config.vocab_size, seed=0).to(device)  # every position scored
+    with torch.no_grad(), autocast(device):
+        mine = sequence_logprobs(policy, seqs, 1.0, 1024)[0][0].float()
+        theirs = sequence_logprobs(ref, seqs, 1.0, 1024)[0][0].float()
+    gap, k3 = (mine - theirs).abs(), low_var_kl(mine, theirs)
+    rotary = {str(b.dtype) for name, b in ref.named_buffers() if "inv_freq" in name}
+    return {"bands": [(lo, hi, float(gap[lo:hi].mean()), float(k3[lo:hi].mean())) for lo, hi in bands],
+            "k3": float(k3.mean()), "rotary": ", ".join(sorted(rotary)) or "none", "mean_logp": float(mine.mean())}
+
+
+def card_peak(device: torch.device) -> tuple[float, str]:
+    """``(FLOP/s, where from)``: the card's published dense bf16 peak, else a measured bf16 matmul's rate."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for part, tflops in DENSE_BF16_TFLOPS.items():
+            if part in name:
+                return tflops * 1e12, f"{name}: {tflops} TFLOP/s dense bf16, published"
+        a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+        for _ in range(3):
+            a @ a
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(10):
+            a @ a
+        torch.cuda.synchronize()
+        rate = 10 * 2 * 8192**3 / (time.perf_counter() - start)
+        return rate, f"{name}: not in the table, measured 8192^3 bf16 matmul {rate / 1e12:.0f} TFLOP/s"
+    rate = matmul_peak("bfloat16", 512, 3)  # small: a CPU without bf16 instructions runs ~1 GFLOP/s
+    return rate, f"this CPU's best 512^3 bf16 matmul, measured: {rate / 1e9:.2f} GFLOP/s"
+
+
+def estimated_update_gib(model_dir: Path, budget_tokens: int) -> float:
+    """``tools/gpu_budget.py``'s update-time estimate on one device, without the engine and the embedder."""
+    rows = memory_budget(from_config(str(model_dir / "config.json")), gpus=1, gpu_gib=80.0, vllm_fraction=0.0,
+                         samples=1, prompt=0, new=budget_tokens, micro=None, max_tokens=budget_tokens, embed_batch=0)
+    return sum(update for name, _, _, update in rows[:-1] if not name.startswith(("vLLM", "embedder")))
+
+
+def one_update(model_dir: Path, device: torch.device, sequences: int, mini_batch: int, prompt: int, median: int,
+               cap: int, budget: int, draws: int) -> dict:
+    """Build as the module does, a warm-up update on two short sequences, then ``draws`` measured updates."""
+    from evolrl.training import Batching
+    from evolrl.training.build import Dtypes, build_models
+    from evolrl.training.optim import Optimization, build_optimizer, start_schedule
+    from evolrl.training.update import GRPOLoss, GRPOUpdate
+
+    policy, reference = build_models(str(model_dir), Dtypes.resolve("bf16-mixed", "float32"), with_reference=True,
+                                     gradient_checkpointing=True, packed=True)
+    policy, reference = policy.to(device), reference.to(device)
+    batching = Batching(mini_batch_size=mini_batch, micro_batch_size=1, max_tokens_per_micro_batch=budget, packed=True)
+    update = GRPOUpdate(GRPOLoss(kl_coef=0.001, entropy_coef=0.003), batching, max_grad_norm=1.0)
+    optimizer, scheduler = build_optimizer(list(policy.parameters()), Optimization(lr=1e-6))
+    start_schedule(scheduler, 1000)
+    vocab, cuda = policy.config.vocab_size, device.type == "cuda"
+
+    def step(lengths: list[int], seed: int) -> float:
+        seqs = make_sequences(lengths, prompt, vocab, seed).to(device)
+        sync()
+        start = time.perf_counter()
+        with autocast(device):
+            update(policy, reference, seqs, 1.0, optimizer, scheduler)
+        sync()
+        return time.perf_counter() - start
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    step([prompt + 16] * 2, seed=1)
+    measured = []
+    for i in range(draws):
+        lengths = [prompt + r for r in responses("heavy", sequences, median, 1.0, cap, seed=i)]
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        else:
+            with contextlib.suppress(OSError):
+                Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+        seconds = step(lengths, seed=10 + i)
+        peak = torch.cuda.max_memory_allocated(device) / GIB if cuda else _vm_hwm_gib()
+        measured.append({"seconds": seconds, "tokens": sum(lengths), "longest": max(lengths), "peak_gib": peak,
+                         "flops": update_flops(counted_weights(policy), lengths, prompt, mini_batch, kl=True)})
+    params = sum(p.numel() for p in policy.parameters())
+    return {"draws": measured, "params": params, "skipped": update.skipped_steps}
+
+
+def _vm_hwm_gib() -> float:
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM:"))
+    return int(line.split()[1]) / 2**20
