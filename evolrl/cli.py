@@ -2,7 +2,8 @@
 
 Every class (reward, embedder, engine, prompt source, logger, callbacks) is chosen by
 ``class_path`` in the YAML; ``--help`` documents each option from the docstrings,
-``--print_config`` shows the resolved configuration.
+``--print_config`` shows the configuration as given (``data.seed: null`` there means "follow
+``seed_everything``": one seed makes a run reproducible; the saved ``config.yaml`` holds the resolved value).
 """
 
 from __future__ import annotations
@@ -22,6 +23,15 @@ class EvolRLCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         # One model string for the policy and the tokenizer.
         parser.link_arguments("model.model", "data.model")
+
+    def before_instantiate_classes(self) -> None:
+        # data.seed follows seed_everything unless set. Not a parser link: a linked key cannot be set by the user,
+        # and a run that sets data.seed must keep it. Runs after LightningCLI has resolved ``seed_everything: true``
+        # to the seed it drew, so the data module gets that same number.
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.data.seed is None:
+            seed = config.seed_everything
+            config.data.seed = 0 if seed is False else int(seed)
 
     def instantiate_classes(self) -> None:
         # Settings are checked as each object is built (evolrl.settings): report a bad one as a usage error.

@@ -68,7 +68,8 @@ class RolloutDataModule(L.LightningDataModule):
         max_prompt_tokens: Longer prompts are dropped (and counted in a warning), never truncated.
         system_prompt: System message; ``null`` for none.
         shuffle: Shuffle prompts each epoch.
-        seed: The run's seed for shuffling, the trained subset and sampling (see ``evolrl.rollout.Seeds``).
+        seed: The run's seed for shuffling, the trained subset and sampling (see ``evolrl.rollout.Seeds``);
+            ``null`` (default): the CLI's ``seed_everything`` (0 where that is ``false`` or outside the CLI).
         trust_remote_code: Allow the tokenizer repository's own code to run.
         eval_sets: Labelled sets for ``validate``/``test`` and validation during ``fit``.
         eval_samples: Responses per evaluation problem (paper: 32).
@@ -89,7 +90,7 @@ class RolloutDataModule(L.LightningDataModule):
         max_prompt_tokens: int = 1024,
         system_prompt: str | None = PAPER_SYSTEM_PROMPT,
         shuffle: bool = True,
-        seed: int = 0,
+        seed: int | None = None,
         trust_remote_code: bool = False,
         eval_sets: list[EvalSet] | None = None,
         eval_samples: int = 32,
@@ -103,7 +104,9 @@ class RolloutDataModule(L.LightningDataModule):
             raise DataError(f"eval_sets: two evaluation sets share a name ({names}); metric tags need unique names")
         self.source = train
         self.model = model
-        self.seeds = Seeds(seed)
+        if seed is not None:
+            check_int("RolloutDataModule.seed", seed, 0)
+        self.seeds = Seeds(0 if seed is None else seed)
         if eval_sampling is None:
             eval_sampling = Sampling(temperature=0.6, top_p=0.95, max_new_tokens=sampling.max_new_tokens)
         self.rollouts = Rollouts(engine if engine is not None else VLLMEngine(), sampling, eval_sampling,
