@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import json
 
 import pytest
 import torch
@@ -127,8 +128,6 @@ def test_the_request_seeds_of_a_run_do_not_meet():
 
 
 def test_the_preflight_passes_a_model_vllm_can_start_and_names_what_it_cannot(tiny_model, tmp_path):
-    import json
-
     import vllm
 
     from evolrl.models import model_config
@@ -146,6 +145,18 @@ def test_the_preflight_passes_a_model_vllm_can_start_and_names_what_it_cannot(ti
     (tmp_path / "broken" / "config.json").write_text("{")
     with pytest.raises(ValueError, match="could not read the policy's configuration"):
         preflight(str(tmp_path / "broken"), 0.2)
+
+
+def test_a_policy_without_architectures_is_written_with_its_causal_lm_class(tiny_model, tmp_path):
+    """A model loaded from a GGUF file (the packaged SmolLM2) has ``config.architectures = None``."""
+    from evolrl.rollout.vllm_preflight import preflight, write_config
+
+    policy = load_policy(tiny_model)
+    policy.config.architectures = None
+    write_config(policy, str(tmp_path))
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert policy.config.architectures is None  # the policy's own config is left as it was
+    preflight(str(tmp_path), 0.2)
 
 
 @pytest.mark.gpu

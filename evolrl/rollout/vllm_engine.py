@@ -39,7 +39,7 @@ from evolrl.rollout.engine import RolloutEngine, Sampling, build_group
 from evolrl.rollout.ranks import fail_together
 from evolrl.rollout.seeds import Seeds
 from evolrl.rollout.vllm_logs import quiet_vllm_notices
-from evolrl.rollout.vllm_preflight import preflight, same_on_every_rank
+from evolrl.rollout.vllm_preflight import preflight, same_on_every_rank, write_config
 from evolrl.rollout.vllm_setup import (
     CPU_BLOCK_SIZE,
     TorchStream,
@@ -151,8 +151,7 @@ class VLLMEngine(RolloutEngine):
         if self.cpu_threads is not None:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", self.cpu_threads)
         self._config_dir = tempfile.TemporaryDirectory(prefix="evolrl-vllm-config-")
-        policy.config.save_pretrained(self._config_dir.name)  # config only: weights come from the policy
-        policy.generation_config.save_pretrained(self._config_dir.name)
+        write_config(policy, self._config_dir.name)
         return preflight(self._config_dir.name, self.gpu_memory_utilization)
 
     def _start(self, policy: nn.Module) -> None:

@@ -19,13 +19,30 @@ rank killed by the kernel's OOM killer, an NCCL or compile error on one node.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
 import torch.distributed as dist
 
+from torch import nn
+
 from evolrl.rollout.ranks import RankFailed, several_ranks
 from evolrl.rollout.vllm_setup import import_llm
+
+
+def write_config(policy: nn.Module, config_dir: str) -> None:
+    """The policy's configuration and generation settings, written where vLLM reads them (no weights: those are
+    streamed from the policy). A model loaded from a GGUF file has no ``architectures``; the causal-LM class
+    transformers maps its ``model_type`` to is named then (left out, vLLM would pick the headless base model)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = policy.config
+    if not config.architectures and config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        config = copy.deepcopy(config)
+        config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+    config.save_pretrained(config_dir)
+    policy.generation_config.save_pretrained(config_dir)
 
 
 def preflight(config_dir: str, gpu_memory_utilization: float) -> str:
