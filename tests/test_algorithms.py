@@ -1,9 +1,8 @@
 """GRPO math: known answers, and chunked paths against the naive ones."""
 
-import pytest
 import torch
 
-from evolrl.algorithms import aggregate, clipped_surrogate, group_advantages, logprobs_and_entropy, low_var_kl
+from evolrl.algorithms import clipped_surrogate, group_advantages, logprobs_and_entropy, low_var_kl
 
 
 def test_logprobs_and_entropy_match_naive_values_and_gradients():
@@ -101,25 +100,3 @@ def test_low_var_kl():
     expected = (torch.exp(d) - d - 1).clamp(-10, 10)
     torch.testing.assert_close(low_var_kl(logp, ref), expected)
     assert low_var_kl(logp, ref)[0] == 0 and low_var_kl(logp, ref)[2] == 10
-
-
-def test_aggregation_modes():
-    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
-    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
-    assert aggregate(values, mask, "token_mean").item() == pytest.approx(10 / 4)
-    assert aggregate(values, mask, "seq_mean_token_mean").item() == pytest.approx((2 + 4) / 2)
-    with pytest.raises(ValueError, match="token_mean"):
-        aggregate(values, mask, "sum")
-
-
-@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean"])
-def test_aggregation_is_invariant_to_micro_batch_size(mode):
-    g = torch.Generator().manual_seed(1)
-    values = torch.randn(8, 6, generator=g)
-    mask = (torch.rand(8, 6, generator=g) < 0.7).long()
-    mask[:, 0] = 1
-    full = aggregate(values, mask, mode)
-    normalizer = mask.sum().item() if mode == "token_mean" else 8
-    for micro in (1, 2, 3, 8):
-        parts = [aggregate(values[i : i + micro], mask[i : i + micro], mode, normalizer) for i in range(0, 8, micro)]
-        torch.testing.assert_close(sum(parts), full)

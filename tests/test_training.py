@@ -17,6 +17,7 @@ import yaml
 from helpers import Recorder, fit, scalars, tiny_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from evolrl.algorithms import SeqMeanTokenMean, TokenMean
 from evolrl.cli import main
 from evolrl.data import AdditionPrompts, RolloutDataModule
 from evolrl.models import load_policy
@@ -140,7 +141,7 @@ def test_zero_learning_rate_keeps_the_policy_and_ratio_at_one(tiny_model):
     assert metrics["train/clip_low_frac"].item() == 0.0 and metrics["train/clip_high_frac"].item() == 0.0
 
 
-@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+@pytest.mark.parametrize("aggregation", [TokenMean(), SeqMeanTokenMean()], ids=repr)
 def test_micro_batch_size_does_not_change_the_update(tiny_model, aggregation):
     # One mini-batch of 6 sequences of different lengths, accumulated over 6, 3, 2 or 1 micro-batches.
     # The accumulated gradients are compared (not Adam's update, which is blind to the loss scale).
