@@ -141,7 +141,7 @@ def test_after_a_push_the_gap_is_tiny_and_the_corrected_update_is_the_uncorrecte
         assert (corrected - step).norm() < 1e-4 * step.norm(), correction
         assert stats["pg_loss"] == pytest.approx(off["pg_loss"], rel=1e-4, abs=1e-7)
     print(f"fresh engine: gap mean {off['mismatch/gap_mean']:.3g}, max {off['mismatch/gap_max']:.3g}; corrected "
-          f"step off by {float((corrected - step).norm() / step.norm()):.3g} of its norm (sequence_mask)")
+          f"step off by {float((corrected - step).norm() / step.norm()):.3g} of its norm (SequenceMask)")
 
 
 def test_a_stale_engine_shows_a_large_gap_and_the_correction_masks(setup):
