@@ -4,7 +4,8 @@
   from a config and loaded through the same ``from_pretrained`` path a user's model takes (a 300-token vocabulary
   keeps a training step in milliseconds); :func:`tied_qwen3`, a tiny Qwen3 with tied embeddings (as Qwen3-4B).
 * Runs: :func:`tiny_config` (a two-step CLI run), :func:`fit` (the module and data module through a Trainer),
-  :func:`scalars` (the TensorBoard curves a run wrote), :class:`Recorder`.
+  :func:`scalars` (the TensorBoard curves a run wrote), :class:`Recorder`, :class:`StreamingDataModule` (training data
+  without a length).
 * Updates without a trainer: :func:`mixed_sequences`, :func:`short_sequences`, :func:`run_update`.
 * :class:`ForeignRL`: a Lightning module that is not evolrl's, with its own output format, and its views.
 """
@@ -171,6 +172,21 @@ def fit(model_dir: str, steps: int = 1, module_kwargs=None, datamodule_cls=Rollo
                         callbacks=[recorder, *callbacks], **(trainer_kwargs or {}))
     trainer.fit(module, data)
     return module, data, recorder
+
+
+class Unsized:
+    """A loader without ``len``, like a streaming data set: Lightning then prefetches one batch ahead."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __iter__(self):
+        return iter(self.loader)
+
+
+class StreamingDataModule(RolloutDataModule):
+    def train_dataloader(self):
+        return Unsized(super().train_dataloader())
 
 
 LENGTHS = [14, 6, 21, 9, 17, 7, 11, 25]  # prompt + response tokens per sequence

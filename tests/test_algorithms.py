@@ -1,9 +1,8 @@
 """GRPO math: known answers, and chunked paths against the naive ones."""
 
-import pytest
 import torch
 
-from evolrl.algorithms import aggregate, clipped_surrogate, group_advantages, logprobs_and_entropy, low_var_kl
+from evolrl.algorithms import clipped_surrogate, group_advantages, logprobs_and_entropy, low_var_kl
 
 
 def test_logprobs_and_entropy_match_naive_values_and_gradients():
@@ -70,6 +69,21 @@ def test_surrogate_values_and_clip_masks():
     assert masks["dual_clip"].tolist() == [[False, False, False, True]]
 
 
+def test_surrogate_on_the_side_no_clip_bounds_and_with_advantages_other_than_one():
+    logp = torch.log(torch.tensor([[0.5, 1.5, 1.5, 0.5, 5.0]]))
+    adv = torch.tensor([[2.0, -2.0, 0.5, -0.5, -2.0]])
+    loss, masks = clipped_surrogate(logp, torch.zeros(1, 5), adv, clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    # ratio 0.5, A = 2: max(-2 x 0.5, -2 x 0.8) = -1.0, the unclipped term (a worse ratio is not clipped)
+    # ratio 1.5, A = -2: max(2 x 1.5, 2 x 1.28) = 3.0, below the dual bound 2 x 3 = 6
+    # ratio 1.5, A = 0.5: max(-0.75, -0.5 x 1.28) = -0.64, clipped high
+    # ratio 0.5, A = -0.5: max(0.25, 0.5 x 0.8) = 0.4, clipped low
+    # ratio 5, A = -2: max(10, 2 x 1.28) = 10, capped by the dual clip at 2 x 3 = 6
+    torch.testing.assert_close(loss, torch.tensor([[-1.0, 3.0, -0.64, 0.4, 6.0]]))
+    assert masks["clip_high"].tolist() == [[False, False, True, False, False]]
+    assert masks["clip_low"].tolist() == [[False, False, False, True, False]]
+    assert masks["dual_clip"].tolist() == [[False, False, False, False, True]]
+
+
 def test_clipping_gives_zero_gradient_on_the_clipped_side():
     adv = torch.tensor([[1.0, 1.0, -1.0, -1.0, -1.0]])
     ratios = torch.tensor([[1.5, 1.1, 0.5, 0.9, 5.0]])
@@ -101,25 +115,3 @@ def test_low_var_kl():
     expected = (torch.exp(d) - d - 1).clamp(-10, 10)
     torch.testing.assert_close(low_var_kl(logp, ref), expected)
     assert low_var_kl(logp, ref)[0] == 0 and low_var_kl(logp, ref)[2] == 10
-
-
-def test_aggregation_modes():
-    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
-    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
-    assert aggregate(values, mask, "token_mean").item() == pytest.approx(10 / 4)
-    assert aggregate(values, mask, "seq_mean_token_mean").item() == pytest.approx((2 + 4) / 2)
-    with pytest.raises(ValueError, match="token_mean"):
-        aggregate(values, mask, "sum")
-
-
-@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean"])
-def test_aggregation_is_invariant_to_micro_batch_size(mode):
-    g = torch.Generator().manual_seed(1)
-    values = torch.randn(8, 6, generator=g)
-    mask = (torch.rand(8, 6, generator=g) < 0.7).long()
-    mask[:, 0] = 1
-    full = aggregate(values, mask, mode)
-    normalizer = mask.sum().item() if mode == "token_mean" else 8
-    for micro in (1, 2, 3, 8):
-        parts = [aggregate(values[i : i + micro], mask[i : i + micro], mode, normalizer) for i in range(0, 8, micro)]
-        torch.testing.assert_close(sum(parts), full)

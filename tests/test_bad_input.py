@@ -73,7 +73,9 @@ def run_cli(tmp_path, monkeypatch, capsys, overrides: dict) -> str:
         ("unknown key", {"model": {"learning_rate": 0.1}}, "learning_rate"),
         ("wrong type", {"data": {"prompts_per_step": "eight"}}, "prompts_per_step"),
         ("unknown class", {"model": {"reward": {"class_path": "evolrl.rewards.NoSuchReward"}}}, "NoSuchReward"),
-        ("bad literal", {"model": {"loss": {"aggregation": "sum"}}}, "aggregation"),
+        ("unknown aggregation", {"model": {"loss": {"aggregation": "sum"}}}, "model.loss.aggregation"),
+        ("unknown correction", {"model": {"loss": {"mismatch_correction": "token_truncate"}}},
+         "model.loss.mismatch_correction"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
@@ -219,6 +221,12 @@ def _loss(**kwargs):
     return GRPOLoss(**kwargs)
 
 
+def _correction(name, **kwargs):
+    from evolrl import algorithms
+
+    return getattr(algorithms, name)(**kwargs)
+
+
 def _optim(**kwargs):
     from evolrl.training import Optimization
 
@@ -245,14 +253,16 @@ TRAINING_SETTINGS = [
     (lambda: _loss(dual_clip=0.5), "GRPOLoss.dual_clip", "0.5", "> 1.0"),
     (lambda: _loss(kl_coef=-1.0), "GRPOLoss.kl_coef", "-1.0", ">= 0.0"),
     (lambda: _loss(entropy_coef=float("nan")), "GRPOLoss.entropy_coef", "nan", "finite"),
-    (lambda: _loss(aggregation="sum"), "GRPOLoss.aggregation", "'sum'", "one of 'token_mean'"),
-    (lambda: _loss(mismatch_correction="token"), "GRPOLoss.mismatch_correction", "'token'",
-     "one of None, 'token_truncate', 'sequence_mask'"),
-    (lambda: _loss(mismatch_token_cap=0.5), "GRPOLoss.mismatch_token_cap", "0.5", ">= 1.0"),
-    (lambda: _loss(mismatch_sequence_min=1.0), "GRPOLoss.mismatch_sequence_min", "1.0", "in [0.0, 1.0)"),
-    (lambda: _loss(mismatch_sequence_min=-0.1), "GRPOLoss.mismatch_sequence_min", "-0.1", "in [0.0, 1.0)"),
-    (lambda: _loss(mismatch_sequence_max=1.0), "GRPOLoss.mismatch_sequence_max", "1.0", "> 1.0"),
-    (lambda: _loss(mismatch_sequence_max=float("inf")), "GRPOLoss.mismatch_sequence_max", "inf", "finite"),
+    (lambda: _loss(aggregation="token_mean"), "GRPOLoss.aggregation", "'token_mean'",
+     "an evolrl.algorithms.Aggregation"),
+    (lambda: _loss(mismatch_correction="token_truncate"), "GRPOLoss.mismatch_correction", "'token_truncate'",
+     "null or an evolrl.algorithms.MismatchCorrection"),
+    (lambda: _correction("TokenTruncate", cap=0.5), "TokenTruncate.cap", "0.5", ">= 1.0"),
+    (lambda: _correction("TokenTruncate", cap=float("nan")), "TokenTruncate.cap", "nan", "finite"),
+    (lambda: _correction("SequenceMask", low=1.0), "SequenceMask.low", "1.0", "in [0.0, 1.0)"),
+    (lambda: _correction("SequenceMask", low=-0.1), "SequenceMask.low", "-0.1", "in [0.0, 1.0)"),
+    (lambda: _correction("SequenceMask", high=1.0), "SequenceMask.high", "1.0", "> 1.0"),
+    (lambda: _correction("SequenceMask", high=float("inf")), "SequenceMask.high", "inf", "finite"),
     (lambda: _optim(lr=-1e-5), "Optimization.lr", "-1e-05", ">= 0.0"),
     (lambda: _optim(betas=(0.9, 1.0)), "Optimization.betas", "1.0", "in [0.0, 1.0)"),
     (lambda: _optim(warmup_ratio=1.5), "Optimization.warmup_ratio", "1.5", "in [0.0, 1.0]"),
@@ -295,8 +305,11 @@ def test_an_out_of_range_setting_fails_when_built(build, key, value, allowed):
     ({"model": {"batching": {"micro_batch_size": 0}}}, "Batching.micro_batch_size=0 is not allowed: an integer >= 1"),
     ({"data": {"sampling": {"top_p": 0.0}}}, "Sampling.top_p=0.0 is not allowed: a number in (0.0, 1.0]"),
     ({"model": {"loss": {"clip_high": -0.2}}}, "GRPOLoss.clip_high=-0.2 is not allowed"),
+    ({"model": {"loss": {"mismatch_correction": {"class_path": "evolrl.algorithms.TokenTruncate",
+                                                 "init_args": {"cap": 0.5}}}}},
+     "TokenTruncate.cap=0.5 is not allowed: a number >= 1.0"),
     ({"data": {"vote_samples": 4, "trained_samples": 8}}, "trained_samples=8 is not allowed: at most vote_samples=4"),
-], ids=["micro_batch_size", "top_p", "clip_high", "trained_samples"])
+], ids=["micro_batch_size", "top_p", "clip_high", "TokenTruncate.cap", "trained_samples"])
 def test_an_out_of_range_setting_stops_the_cli_before_any_model_loads(tmp_path, monkeypatch, capsys, overrides,
                                                                         message):
     monkeypatch.setattr("sys.argv", ["evolrl"])
@@ -313,28 +326,30 @@ def test_a_mismatch_correction_with_an_engine_without_log_probs_stops_the_cli(tm
     as a usage error before any model loads."""
     monkeypatch.setattr("sys.argv", ["evolrl"])
     path = tmp_path / "override.yaml"
-    path.write_text(yaml.safe_dump({"model": {"loss": {"mismatch_correction": "sequence_mask"}},
+    path.write_text(yaml.safe_dump({"model": {"loss": {"mismatch_correction": "evolrl.algorithms.SequenceMask"}},
                                     "data": {"engine": {"class_path": "evolrl.rollout.HFEngine"}}}))
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", "--config", str(CONFIGS / "demo.yaml"), "--config", str(path)])
     assert exit_info.value.code == 2
-    assert ("GRPOLoss.mismatch_correction='sequence_mask' is not allowed: null (no correction) with HFEngine, which "
+    assert ("GRPOLoss.mismatch_correction=SequenceMask(low=0.0, high=3.0) is not allowed: null (no correction) with "
+            "HFEngine, which "
             "does not report the log-probs of the tokens it samples") in capsys.readouterr().err
 
 
 def test_a_mismatch_correction_with_an_engine_without_log_probs_is_refused_at_start(tiny_model):
+    from evolrl.algorithms import TokenTruncate
     from evolrl.data import AdditionPrompts
     from evolrl.settings import SettingError
     from evolrl.training import Batching, EvolRLModule, GRPOLoss
 
     module = EvolRLModule(tiny_model, reward=EvolReward(), batching=Batching(2, 2),
-                          loss=GRPOLoss(mismatch_correction="token_truncate"))
+                          loss=GRPOLoss(mismatch_correction=TokenTruncate()))
     data = RolloutDataModule(AdditionPrompts(count=4), model=tiny_model, engine=HFEngine(), prompts_per_step=2,
                              vote_samples=2, trained_samples=2)
     trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
-    with pytest.raises(SettingError, match=r"GRPOLoss.mismatch_correction='token_truncate' is not allowed: null "
-                                           r"\(no correction\) with HFEngine"):
+    with pytest.raises(SettingError, match=r"GRPOLoss.mismatch_correction=TokenTruncate\(cap=2.0\) is not allowed: "
+                                           r"null \(no correction\) with HFEngine"):
         trainer.fit(module, data)
     assert module.policy is None  # refused in setup, before the model loaded
 

@@ -13,13 +13,8 @@ import pytest
 import torch
 from helpers import mixed_sequences, run_update
 
-from evolrl.algorithms.mismatch import (
-    correction_weights,
-    masked_sequence_weights,
-    mismatch_summary,
-    mismatch_sums,
-    truncated_token_weights,
-)
+from evolrl.algorithms import SeqMeanTokenMean, SequenceMask, TokenMean, TokenTruncate, mismatch_summary, mismatch_sums
+from evolrl.algorithms.mismatch import SUMS
 from evolrl.models import load_policy
 from evolrl.training import Batching
 from evolrl.training.forward import sequence_logprobs
@@ -34,10 +29,10 @@ LN = math.log
 def test_token_weights_are_the_ratio_capped():
     delta = torch.tensor([[0.0, LN(1.5), LN(3.0), -LN(2.0), 5.0]])
     mask = torch.tensor([[True, True, True, True, False]])  # the last position is not a response token
-    weights, truncated = truncated_token_weights(delta, mask, cap=2.0)
+    weights, truncated = TokenTruncate(cap=2.0).weights(delta, mask)
     torch.testing.assert_close(weights, torch.tensor([[1.0, 1.5, 2.0, 0.5, 1.0]]))
     assert truncated.tolist() == [[False, False, True, False, False]]
-    weights, truncated = truncated_token_weights(delta, mask, cap=4.0)  # a higher cap: nothing truncated
+    weights, truncated = TokenTruncate(cap=4.0).weights(delta, mask)  # a higher cap: nothing truncated
     torch.testing.assert_close(weights, torch.tensor([[1.0, 1.5, 3.0, 0.5, 1.0]]))
     assert not truncated.any()
 
@@ -50,30 +45,31 @@ def test_sequence_weights_are_the_product_of_token_ratios_masked_outside_both_bo
         [-LN(2.0), -LN(2.0), 0.0],  # product 0.25: kept without a lower bound, masked below 0.5
         [7.0, 7.0, 7.0],  # no response tokens: ratio 1, kept
     ])
-    weights, masked = masked_sequence_weights(delta, mask, low=0.0, high=3.0)
+    weights, hit = SequenceMask(low=0.0, high=3.0).weights(delta, mask)
     assert weights.shape == (4, 1)
     torch.testing.assert_close(weights[:, 0], torch.tensor([2.0, 0.0, 0.25, 1.0]))
-    assert masked.tolist() == [False, True, False, False]
-    weights, masked = masked_sequence_weights(delta, mask, low=0.5, high=3.0)
+    assert hit.tolist() == [[False] * 3, [True] * 3, [False] * 3, [False] * 3]  # every token of a masked sequence
+    weights, hit = SequenceMask(low=0.5, high=3.0).weights(delta, mask)
     torch.testing.assert_close(weights[:, 0], torch.tensor([2.0, 0.0, 0.0, 1.0]))
-    assert masked.tolist() == [False, True, True, False]
+    assert hit.tolist() == [[False] * 3, [True] * 3, [True, True, False], [False] * 3]  # hit only inside the mask
     overflow = torch.full((1, 3), 100.0)  # exp(300) is inf in float32: above any bound
-    assert masked_sequence_weights(overflow, torch.ones(1, 3, dtype=torch.bool), 0.0, 3.0)[0].item() == 0.0
+    assert SequenceMask().weights(overflow, torch.ones(1, 3, dtype=torch.bool))[0].item() == 0.0
 
 
-def test_correction_weights_by_mode():
+def test_each_correction_through_the_loss_settings():
     delta = torch.tensor([[LN(3.0), 0.0], [0.1, 0.1]])
     mask = torch.tensor([[True, True], [True, False]])
-    weights, hit = correction_weights(None, delta, mask)
-    assert weights is None and not hit.any()
-    weights, hit = correction_weights("token_truncate", delta, mask, token_cap=2.0)
+    seqs = Sequences(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long), mask,
+                     torch.zeros(2), sampler_logprobs=-delta)  # old log-probs 0: old - sampler = delta
+    old = torch.zeros(2, 2)
+    weights, (sums, _) = GRPOLoss().correct(old, seqs)
+    assert weights is None and sums[SUMS.index("hit_tokens")] == 0
+    weights, (sums, _) = GRPOLoss(mismatch_correction=TokenTruncate(cap=2.0)).correct(old, seqs)
     torch.testing.assert_close(weights, torch.tensor([[2.0, 1.0], [math.exp(0.1), 1.0]]))
-    assert hit.tolist() == [[True, False], [False, False]]
-    weights, hit = correction_weights("sequence_mask", delta, mask, sequence_max=2.5)
+    assert sums[SUMS.index("hit_tokens")] == 1
+    weights, (sums, _) = GRPOLoss(mismatch_correction=SequenceMask(high=2.5)).correct(old, seqs)
     torch.testing.assert_close(weights, torch.tensor([[0.0], [math.exp(0.1)]]))
-    assert hit.tolist() == [[True, True], [False, False]]  # every token of the masked sequence, none outside mask
-    with pytest.raises(ValueError, match="unknown mismatch correction 'token'"):
-        correction_weights("token", delta, mask)
+    assert sums[SUMS.index("hit_tokens")] == 2 and sums[SUMS.index("hit_sequences")] == 1  # tokens inside the mask
 
 
 def test_the_diagnostics_by_hand():
@@ -81,31 +77,32 @@ def test_the_diagnostics_by_hand():
     mask = torch.tensor([[True, True, True], [True, False, False]])
     k3 = lambda d: math.exp(d) - 1 - d
     expected_kl = (k3(0.5) + k3(-0.5) + 0 + k3(LN(4.0))) / 4
-    for mode, extra in [
+    for correction, extra in [
         (None, {}),
-        ("token_truncate", {"weight_mean": (math.exp(0.5) + math.exp(-0.5) + 1 + 2) / 4, "truncated_token_frac": 0.25}),
-        ("sequence_mask", {"weight_mean": (1.0 * 3 + 0) / 4, "masked_seq_frac": 0.5, "masked_token_frac": 0.25}),
+        (TokenTruncate(), {"weight_mean": (math.exp(0.5) + math.exp(-0.5) + 1 + 2) / 4, "truncated_token_frac": 0.25}),
+        (SequenceMask(), {"weight_mean": (1.0 * 3 + 0) / 4, "masked_seq_frac": 0.5, "masked_token_frac": 0.25}),
     ]:
-        weights, hit = correction_weights(mode, delta, mask)
-        summary = mismatch_summary(*mismatch_sums(delta, mask, weights, hit), mode)
+        weights, hit = correction.weights(delta, mask) if correction else (None, torch.zeros_like(mask))
+        summary = mismatch_summary(*mismatch_sums(delta, mask, weights, hit), correction)
         expected = {"gap_mean": (0.5 + 0.5 + 0 + LN(4.0)) / 4, "gap_max": LN(4.0), "kl": expected_kl,
                     "ratio_max": 4.0, **extra}
-        assert summary.keys() == expected.keys(), mode
+        assert summary.keys() == expected.keys(), correction
         for key, value in expected.items():
-            assert summary[key] == pytest.approx(value, rel=1e-6), (mode, key)
+            assert summary[key] == pytest.approx(value, rel=1e-6), (correction, key)
 
 
 def test_an_all_masked_batch_and_an_empty_one_divide_by_nothing_zero():
     delta = torch.full((2, 3), 2.0)  # every sequence's ratio e^6 or e^2 > 1.5
     mask = torch.tensor([[True, True, True], [True, False, False]])
-    weights, hit = correction_weights("sequence_mask", delta, mask, sequence_max=1.5)
+    correction = SequenceMask(high=1.5)
+    weights, hit = correction.weights(delta, mask)
     assert weights.sum() == 0
-    summary = mismatch_summary(*mismatch_sums(delta, mask, weights, hit), "sequence_mask")
+    summary = mismatch_summary(*mismatch_sums(delta, mask, weights, hit), correction)
     assert summary["masked_seq_frac"] == summary["masked_token_frac"] == 1.0 and summary["weight_mean"] == 0.0
     empty = torch.zeros(1, 1, dtype=torch.bool)  # a filler pass alone: no response token anywhere
-    weights, hit = correction_weights("sequence_mask", torch.zeros(1, 1), empty)
+    weights, hit = correction.weights(torch.zeros(1, 1), empty)
     sums, maxima = mismatch_sums(torch.zeros(1, 1), empty, weights, hit)
-    assert sums.sum() == 0 and mismatch_summary(sums, maxima, "sequence_mask") == {}
+    assert sums.sum() == 0 and mismatch_summary(sums, maxima, correction) == {}
 
 
 # ---- the sampler's log-probs through packing -------------------------------------------------------------------------
@@ -170,7 +167,7 @@ def test_masked_sequences_keep_their_tokens_in_the_normalizer(tiny_model, policy
     lengths = seqs.response_mask.sum(-1).float()  # L_i
     ratios = torch.tensor([1.0, 2.0, 0.5, 5.0, 1.2, 0.1, 3.5, 0.9])  # > 3 is masked: rows 3 and 6
     delta = (ratios.log() / lengths)[:, None].expand_as(seqs.response_mask)  # the same share on every token
-    stats, _ = sgd_update(tiny_model, with_sampler(policy, seqs, delta), 8, mismatch_correction="sequence_mask",
+    stats, _ = sgd_update(tiny_model, with_sampler(policy, seqs, delta), 8, mismatch_correction=SequenceMask(),
                           entropy_coef=0.0)
     weights = torch.where(ratios > 3.0, 0.0, ratios)
     expected = float((weights * -seqs.advantages * lengths).sum() / lengths.sum())
@@ -180,11 +177,11 @@ def test_masked_sequences_keep_their_tokens_in_the_normalizer(tiny_model, policy
     assert stats["mismatch/ratio_max"] == pytest.approx(float(5.0 ** (1 / lengths[3])), rel=1e-4)  # largest token's
 
 
-@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+@pytest.mark.parametrize("aggregation", [TokenMean(), SeqMeanTokenMean()], ids=repr)
 def test_an_all_masked_mini_batch_moves_nothing_and_divides_by_no_zero(tiny_model, policy, aggregation):
     seqs = mixed_sequences(policy.config.vocab_size)
     stale = with_sampler(policy, seqs, torch.full(seqs.response_mask.shape, 0.5))  # every sequence's ratio > e^2
-    stats, params = sgd_update(tiny_model, stale, 4, mismatch_correction="sequence_mask", entropy_coef=0.0,
+    stats, params = sgd_update(tiny_model, stale, 4, mismatch_correction=SequenceMask(), entropy_coef=0.0,
                                aggregation=aggregation)
     assert stats["pg_loss"] == 0.0 and stats["loss"] == 0.0 and stats["grad_norm"] == 0.0
     assert all(math.isfinite(v) for v in stats.values())
@@ -207,11 +204,11 @@ def test_no_correction_measures_and_changes_nothing(tiny_model, policy):
 
 def test_a_correction_without_sampler_logprobs_is_an_error(tiny_model, policy):
     seqs = mixed_sequences(policy.config.vocab_size)
-    with pytest.raises(ValueError, match="mismatch_correction='token_truncate' needs the sampler's log-probs"):
-        sgd_update(tiny_model, seqs, 4, mismatch_correction="token_truncate")
+    with pytest.raises(ValueError, match=r"mismatch_correction=TokenTruncate\(cap=2.0\) needs the sampler's log-probs"):
+        sgd_update(tiny_model, seqs, 4, mismatch_correction=TokenTruncate())
 
 
-@pytest.mark.parametrize("correction", ["token_truncate", "sequence_mask"])
+@pytest.mark.parametrize("correction", [TokenTruncate(), SequenceMask()], ids=repr)
 def test_token_budget_and_packing_give_the_fixed_count_corrected_update(tiny_model, policy, correction):
     """The weights depend only on a sequence's own tokens, and sequences never span micro-batches: the corrected
     update is the same for every split (two mini-batches, KL to the reference)."""
@@ -224,7 +221,7 @@ def test_token_budget_and_packing_give_the_fixed_count_corrected_update(tiny_mod
     loss = {"mismatch_correction": correction}
     runs = {name: run_update(tiny_model, seqs, loss=loss, **s) for name, s in settings.items()}
     _, expected_stats, expected = runs["count"]
-    hit = "truncated_token_frac" if correction == "token_truncate" else "masked_seq_frac"
+    hit = "truncated_token_frac" if isinstance(correction, TokenTruncate) else "masked_seq_frac"
     assert 0 < expected_stats[f"mismatch/{hit}"] < 1  # some tokens or sequences were corrected, not all
     _, uncorrected_stats, _ = run_update(tiny_model, seqs, micro_batch_size=2)
     assert abs(uncorrected_stats["pg_loss"] - expected_stats["pg_loss"]) > 1e-3  # the correction did something

@@ -11,6 +11,7 @@ import torch
 from helpers import LENGTHS, fit, mixed_sequences, run_update
 from torch import nn
 
+from evolrl.algorithms import SeqMeanTokenMean, TokenMean
 from evolrl.models import load_policy
 from evolrl.rollout import Sampling
 from evolrl.settings import SettingError
@@ -150,7 +151,7 @@ def test_token_budget_plan_bins_each_mini_batch_under_the_budget():
     assert lockstep([[[0], []]], torch.device("cpu")) == [[[0], []]]  # one process: unchanged
 
 
-@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+@pytest.mark.parametrize("aggregation", [TokenMean(), SeqMeanTokenMean()], ids=repr)
 def test_token_budget_and_packing_give_the_fixed_count_update(tiny_model, policy, aggregation):
     seqs = mixed_sequences(policy.config.vocab_size)
     runs = {name: run_update(tiny_model, seqs, loss={"aggregation": aggregation}, **settings) for name, settings in {

@@ -4,7 +4,7 @@
 as an engine returns them (prompt and response token ids, texts, truncation flags, a bf16 sampler's log-probs; record
 mode writes answers to the data's own prompts, right or one off, boxed or not, some cut at the token limit) go
 through the real pieces of a training step, in float64: ``Rollouts`` (its seeded draw of the trained G of each group's V), ``EvolReward`` with the packaged
-MiniLM run in float64, group advantages, the mismatch correction (``token_truncate``), the old-log-prob and reference
+MiniLM run in float64, group advantages, the mismatch correction (``TokenTruncate``), the old-log-prob and reference
 passes, the clipped surrogate with KL and entropy, AdamW and its warm-up + cosine schedule. No token is sampled, the
 initial weights are drawn from integers (``portable_init``: torch's normal initialiser goes through vectorised
 log/cos whose last bits depend on the CPU), so what a machine changes is only the rounding of its kernels.
@@ -40,7 +40,7 @@ import torch
 import yaml
 from helpers import make_tiny_model, scalars
 
-from evolrl.algorithms import policy_loss
+from evolrl.algorithms import TokenMean, TokenTruncate, policy_loss
 from evolrl.models import load_policy, load_tokenizer
 from evolrl.rewards import EvolReward, NoveltyBands, SentenceTransformerEmbedder
 from evolrl.rollout import Rollouts
@@ -57,7 +57,7 @@ RECORD = Path(__file__).parent / "regression" / "replay.json"
 RTOL, ATOL = 1e-3, 1e-10
 SEED, TEMPERATURE, STEPS, PROMPTS, V, G = 5, 0.8, 3, 2, 6, 4
 LOSS = {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 3.0, "kl_coef": 0.05, "entropy_coef": 0.01,
-        "mismatch_correction": "token_truncate", "mismatch_token_cap": 1.05}
+        "mismatch_correction": TokenTruncate(cap=1.05)}
 OPTIM = {"lr": 3e-3, "warmup_ratio": 0.2, "weight_decay": 0.01}
 PLANS = {  # the same update, split two ways: the record uses the first
     "padded passes of 3": {"mini_batch_size": 5, "micro_batch_size": 3, "logprob_chunk_size": 7},
@@ -202,10 +202,8 @@ def changed(what: str, monkeypatch):
             patch.setattr("evolrl.training.update.clipped_surrogate",
                           lambda logp, old, adv, *a, **k: surrogate(logp, old, -adv, *a, **k))
         elif what == "normalizer per pass":
-            from evolrl.algorithms import aggregation
-
-            patch.setattr("evolrl.training.update.aggregate",
-                          lambda values, mask, mode, normalizer: aggregation.aggregate(values, mask, mode))
+            token_mean = TokenMean.__call__
+            patch.setattr(TokenMean, "__call__", lambda self, values, mask, normalizer: token_mean(self, values, mask))
         elif what == "clip bound on the other side":
             surrogate = policy_loss.clipped_surrogate
             patch.setattr("evolrl.training.update.clipped_surrogate",

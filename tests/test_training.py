@@ -14,15 +14,15 @@ import lightning as L
 import pytest
 import torch
 import yaml
-from helpers import Recorder, fit, scalars, tiny_config
+from helpers import Recorder, StreamingDataModule, fit, scalars, tiny_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from evolrl.algorithms import SeqMeanTokenMean, TokenMean
 from evolrl.cli import main
 from evolrl.data import AdditionPrompts, RolloutDataModule
 from evolrl.models import load_policy
 from evolrl.rewards import MajorityVoteReward
 from evolrl.rollout import HFEngine, Sampling
-from evolrl.settings import SettingError
 from evolrl.training import Batching, EvolRLModule, GRPOLoss, Optimization
 
 CONFIGS = Path(__file__).parent.parent / "configs"
@@ -140,7 +140,7 @@ def test_zero_learning_rate_keeps_the_policy_and_ratio_at_one(tiny_model):
     assert metrics["train/clip_low_frac"].item() == 0.0 and metrics["train/clip_high_frac"].item() == 0.0
 
 
-@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+@pytest.mark.parametrize("aggregation", [TokenMean(), SeqMeanTokenMean()], ids=repr)
 def test_micro_batch_size_does_not_change_the_update(tiny_model, aggregation):
     # One mini-batch of 6 sequences of different lengths, accumulated over 6, 3, 2 or 1 micro-batches.
     # The accumulated gradients are compared (not Adam's update, which is blind to the loss scale).
@@ -163,21 +163,6 @@ def test_micro_batch_size_does_not_change_the_update(tiny_model, aggregation):
     assert lengths.item() < 12  # some responses stopped early, so sequence lengths differ
 
 
-class Unsized:
-    """A loader without ``len``, like a streaming data set: Lightning then prefetches one batch ahead."""
-
-    def __init__(self, loader):
-        self.loader = loader
-
-    def __iter__(self):
-        return iter(self.loader)
-
-
-class StreamingDataModule(RolloutDataModule):
-    def train_dataloader(self):
-        return Unsized(super().train_dataloader())
-
-
 def test_rollouts_are_sampled_with_the_latest_weights(tiny_model):
     _, data, recorder = fit(tiny_model, steps=3)
     assert recorder.versions == [0, 1, 2]  # step t trains on rollouts from the weights after step t-1
@@ -188,11 +173,6 @@ def test_streamed_prompts_are_not_sampled_ahead(tiny_model):
     # An unsized loader makes Lightning fetch one batch ahead; the request is sampled only when trained on.
     _, _, recorder = fit(tiny_model, steps=1.0, datamodule_cls=StreamingDataModule, trainer_kwargs={"max_steps": 4})
     assert recorder.versions == [0, 1, 2, 3]
-
-
-def test_without_a_known_length_the_schedule_asks_for_max_steps(tiny_model):
-    with pytest.raises(SettingError, match="trainer.max_steps=-1 is not allowed: a positive number of training steps"):
-        fit(tiny_model, steps=1.0, datamodule_cls=StreamingDataModule)
 
 
 def test_stale_rollouts_are_refused(tiny_model):

@@ -19,6 +19,7 @@ pytest.importorskip("vllm")
 
 from helpers import scalars, tiny_config
 
+from evolrl.algorithms import MismatchCorrection, SequenceMask, TokenTruncate
 from evolrl.data.chat import render_prompt
 from evolrl.models import load_policy, load_tokenizer
 from evolrl.rollout import Sampling, VLLMEngine
@@ -108,13 +109,13 @@ def sampled(engine, prompts, ids, n: int = 6, max_new_tokens: int = 8):
     return trained_sequences(batch, advantages, engine.tokenizer.pad_token_id).to(DEVICE)
 
 
-def mismatch_update(seqs, trainer_policy, correction: str | None, **loss):
+def mismatch_update(seqs, trainer_policy, correction: MismatchCorrection | None):
     """One GRPO update (one mini-batch, plain SGD at lr 1) of a copy of ``trainer_policy``: ``(stats, its step)``."""
     policy = copy.deepcopy(trainer_policy)
     before = [p.detach().clone() for p in policy.parameters()]
     optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    update = GRPOUpdate(GRPOLoss(kl_coef=0.0, mismatch_correction=correction, **loss),
+    update = GRPOUpdate(GRPOLoss(kl_coef=0.0, mismatch_correction=correction),
                         Batching(mini_batch_size=len(seqs), micro_batch_size=4, logprob_chunk_size=64), 1e6)
     stats = update(policy, None, seqs, 1.0, optimizer, scheduler)
     return stats, torch.cat([(p.detach() - b).flatten() for p, b in zip(policy.parameters(), before)])
@@ -122,7 +123,7 @@ def mismatch_update(seqs, trainer_policy, correction: str | None, **loss):
 
 def test_after_a_push_the_gap_is_tiny_and_the_corrected_update_is_the_uncorrected_one(setup):
     """Float32 engine and policy at temperature 1, the engine holding the policy's weights. The weights are then
-    exp(delta) per token (token_truncate) or exp(sum of delta) per sequence (sequence_mask), so |w - 1| <=
+    exp(delta) per token (TokenTruncate) or exp(sum of delta) per sequence (SequenceMask), so |w - 1| <=
     exp(8 x gap_max) - 1 for responses of at most 8 tokens: about 1e-5 at the measured gaps (~1e-6), and the
     corrected step is the uncorrected one's per-token terms reweighted by that little. 1e-4 of the step's norm leaves
     room for cancellation between tokens of opposite advantage and still fails any weight off by 1e-3 (a correction
@@ -133,14 +134,14 @@ def test_after_a_push_the_gap_is_tiny_and_the_corrected_update_is_the_uncorrecte
     off, step = mismatch_update(seqs, policy, None)
     assert off["mismatch/gap_max"] < TOLERANCE and off["mismatch/kl"] < TOLERANCE ** 2
     assert step.norm() > 0
-    for correction in ("token_truncate", "sequence_mask"):
+    for correction in (TokenTruncate(), SequenceMask()):
         stats, corrected = mismatch_update(seqs, policy, correction)
         assert abs(stats["mismatch/weight_mean"] - 1) < math.exp(8 * stats["mismatch/gap_max"]) - 1 < 1e-3
         assert stats.get("mismatch/truncated_token_frac", 0.0) == stats.get("mismatch/masked_seq_frac", 0.0) == 0.0
         assert (corrected - step).norm() < 1e-4 * step.norm(), correction
         assert stats["pg_loss"] == pytest.approx(off["pg_loss"], rel=1e-4, abs=1e-7)
     print(f"fresh engine: gap mean {off['mismatch/gap_mean']:.3g}, max {off['mismatch/gap_max']:.3g}; corrected "
-          f"step off by {float((corrected - step).norm() / step.norm()):.3g} of its norm (sequence_mask)")
+          f"step off by {float((corrected - step).norm() / step.norm()):.3g} of its norm (SequenceMask)")
 
 
 def test_a_stale_engine_shows_a_large_gap_and_the_correction_masks(setup):
@@ -158,9 +159,9 @@ def test_a_stale_engine_shows_a_large_gap_and_the_correction_masks(setup):
     seqs = sampled(engine, prompts, ids, n=8, max_new_tokens=16)
     off, _ = mismatch_update(seqs, stale, None)
     assert off["mismatch/gap_mean"] > 1000 * TOLERANCE and off["mismatch/kl"] > 1e-3
-    token, _ = mismatch_update(seqs, stale, "token_truncate")
-    sequence, _ = mismatch_update(seqs, stale, "sequence_mask")
-    bounded, _ = mismatch_update(seqs, stale, "sequence_mask", mismatch_sequence_min=1 / 3)
+    token, _ = mismatch_update(seqs, stale, TokenTruncate())
+    sequence, _ = mismatch_update(seqs, stale, SequenceMask())
+    bounded, _ = mismatch_update(seqs, stale, SequenceMask(low=1 / 3))
     assert token["mismatch/truncated_token_frac"] > 0 and bounded["mismatch/masked_seq_frac"] > 0
     assert sequence["mismatch/weight_mean"] < 0.95
     for corrected in (token, sequence, bounded):
@@ -188,10 +189,12 @@ def test_sampler_logprobs_are_those_the_trainer_scores_at_the_sampling_temperatu
 # Tests with engines of their own, after every test of the shared engine (see drop_engines_at_once).
 
 
-MISMATCH_TAGS = {
+MISMATCH_TAGS = {  # by the correction's class_path
     None: ["gap_mean", "gap_max", "kl", "ratio_max"],
-    "token_truncate": ["gap_mean", "gap_max", "kl", "ratio_max", "weight_mean", "truncated_token_frac"],
-    "sequence_mask": ["gap_mean", "gap_max", "kl", "ratio_max", "weight_mean", "masked_seq_frac", "masked_token_frac"],
+    "evolrl.algorithms.TokenTruncate": ["gap_mean", "gap_max", "kl", "ratio_max", "weight_mean",
+                                        "truncated_token_frac"],
+    "evolrl.algorithms.SequenceMask": ["gap_mean", "gap_max", "kl", "ratio_max", "weight_mean", "masked_seq_frac",
+                                       "masked_token_frac"],
 }
 
 
@@ -230,9 +233,9 @@ def test_the_gap_tool_measures_the_floor_at_the_demo_settings(tiny_model):
     result = measure([str(DEMO)], 1, "float32", "32-true", tiny_model)
     assert result["responses"] == 64 and result["temperature"] == 0.7 and result["tokens"] > 64
     summaries = result["summaries"]
-    assert list(summaries) == [None, "token_truncate", "sequence_mask"]
+    assert list(summaries) == [None, TokenTruncate.name, SequenceMask.name]
     assert all(s["gap_max"] < TOLERANCE for s in summaries.values())
-    assert summaries["sequence_mask"]["masked_seq_frac"] == 0.0
+    assert summaries[SequenceMask.name]["masked_seq_frac"] == 0.0
 
 
 def test_exported_checkpoint_loads_in_vllm(tmp_path, tiny_model):

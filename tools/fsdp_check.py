@@ -25,10 +25,12 @@ rank reports its passes and filler passes per mini-batch; rank 0 also saves the 
 ``--sgd`` trains with plain SGD instead of AdamW, so that two runs' final weights compare as tightly as their
 gradients.
 
-``--mismatch MODE`` (with ``--scripted``) turns on ``GRPOLoss.mismatch_correction``; the scripted engine then reports
-sampler log-probs: those of an unsharded copy of the weights it was handed, with each group's third response made
-0.05 per token less likely than the trainer finds it, so that its sequence ratio is ``exp(0.05 L)``: masked by
-``sequence_mask`` (above 3) when the response is longer than 22 tokens, which depends on the prompt (``--uneven``).
+``--mismatch NAME`` (with ``--scripted``) sets ``GRPOLoss.mismatch_correction`` to the correction of that name at its
+default settings (``token_truncate``: ``TokenTruncate()``, ``sequence_mask``: ``SequenceMask()``); the scripted
+engine then reports sampler log-probs: those of an unsharded copy of the weights it was handed, with each group's
+third response made 0.05 per token less likely than the trainer finds it, so that its sequence ratio is
+``exp(0.05 L)``: masked by ``SequenceMask`` (above 3) when the response is longer than 22 tokens, which depends on
+the prompt (``--uneven``).
 Every rank reports the ``mismatch/*`` numbers of each step.
 
 ``--precision bf16-mixed`` trains as the paper configs do (FSDP all-gathers bf16 copies, the reference is
@@ -49,6 +51,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from evolrl.algorithms import SequenceMask, TokenTruncate
 from evolrl.callbacks import PassAtK
 from evolrl.data import AdditionPrompts, EvalSet, RolloutDataModule
 from evolrl.distributed import ModelParallelStrategy
@@ -62,6 +65,8 @@ from evolrl.training import Batching, EvolRLModule, GRPOLoss, Optimization
 from evolrl.training.forward import sequence_logprobs
 from evolrl.training.module import Frozen
 from evolrl.training.sequences import Sequences
+
+CORRECTIONS = {correction.name: correction for correction in (TokenTruncate, SequenceMask)}
 
 
 def digest(state: dict[str, torch.Tensor]) -> str:
@@ -240,7 +245,8 @@ def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int =
     module_class = EveryRankLoading if loading == "every-rank" else PlainSGD if sgd else EvolRLModule
     batching = Batching(mini_batch_size=group * prompts_per_step, micro_batch_size=2,
                         max_tokens_per_micro_batch=max_tokens, packed=packed)
-    module = module_class(model_dir, reward=MajorityVoteReward(), batching=batching, loss=GRPOLoss(mismatch_correction=mismatch),
+    loss = GRPOLoss(mismatch_correction=CORRECTIONS[mismatch]() if mismatch else None)
+    module = module_class(model_dir, reward=MajorityVoteReward(), batching=batching, loss=loss,
                           # scripted: no clipping, which would hide a wrong gradient scale
                           optim=Optimization(lr=1e-2, max_grad_norm=1e6 if scripted else 1.0))
     if scripted:
@@ -312,7 +318,7 @@ if __name__ == "__main__":
     parser.add_argument("--packed", action="store_true", help="each micro-batch packed into one row")
     parser.add_argument("--uneven", action="store_true", help="scripted responses whose lengths vary by prompt")
     parser.add_argument("--sgd", action="store_true", help="plain SGD instead of AdamW (final weights comparable)")
-    parser.add_argument("--mismatch", choices=["token_truncate", "sequence_mask"],
+    parser.add_argument("--mismatch", choices=list(CORRECTIONS),
                         help="GRPOLoss.mismatch_correction; the scripted engine then reports sampler log-probs")
     a = parser.parse_args()
     main(a.model_dir, a.out_dir, a.devices, a.prompts_per_step, a.scripted, a.engine, a.checkpoints, a.resume,

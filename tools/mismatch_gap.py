@@ -10,8 +10,9 @@ Builds the module, the data module and the trainer from the configs (``--config`
 precision are the ones ``fit`` would use; starts the engine with the policy's weights (as ``fit`` does before its
 first step), samples ``--steps`` training steps' prompts x V responses, scores every response token as the update does
 (``GRPOUpdate.forward``, under the trainer's autocast, on one device: FSDP's bf16 all-gathered weights are not
-reproduced) and prints the ``mismatch/*`` numbers that each ``GRPOLoss.mismatch_correction`` would log for them
-(``evolrl/algorithms/mismatch.py``), over all the sampled responses. Nothing is trained.
+reproduced) and prints the ``mismatch/*`` numbers that no correction, ``TokenTruncate()`` and ``SequenceMask()``
+(``GRPOLoss.mismatch_correction``, ``evolrl/algorithms/corrections.py``, default settings) would log for them, over all
+the sampled responses. Nothing is trained.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from evolrl.algorithms import CORRECTIONS, mismatch_summary
+from evolrl.algorithms import SequenceMask, TokenTruncate, mismatch_summary
 from evolrl.cli import main as cli_main
 from evolrl.models import load_policy
 from evolrl.training import GRPOLoss
@@ -55,7 +56,9 @@ def measure(configs: list[str], steps: int, engine_dtype: str | None, precision:
     rollouts.push(policy)
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if precision.startswith("bf16")
                 else contextlib.nullcontext())
-    losses = {mode: GRPOLoss(mismatch_correction=mode) for mode in (None, *CORRECTIONS)}
+    # Each correction at its default settings, by the name its table column uses; None: no correction.
+    corrections = {None: None, TokenTruncate.name: TokenTruncate(), SequenceMask.name: SequenceMask()}
+    losses = {name: GRPOLoss(mismatch_correction=correction) for name, correction in corrections.items()}
     totals = {mode: [] for mode in losses}
     p, v = rollouts.prompts_per_step, rollouts.vote_samples
     tokens = 0
@@ -75,7 +78,8 @@ def measure(configs: list[str], steps: int, engine_dtype: str | None, precision:
     summaries = {}
     for mode, parts in totals.items():
         sums, maxima = zip(*parts)
-        summaries[mode] = mismatch_summary(torch.stack(sums).sum(0), torch.stack(maxima).amax(0), mode)
+        summaries[mode] = mismatch_summary(torch.stack(sums).sum(0), torch.stack(maxima).amax(0),
+                                           losses[mode].mismatch_correction)
     return {"model": module.model_name, "engine_dtype": getattr(rollouts.engine, "dtype", "?"),
             "precision": precision, "temperature": rollouts.temperature, "responses": steps * p * v, "tokens": tokens,
             "summaries": summaries}

@@ -23,7 +23,7 @@ from evolrl.rollout.rollouts import Rollouts
 from evolrl.settings import require
 
 
-def check_engine(mismatch_correction: str | None, engine: RolloutEngine) -> None:
+def check_engine(mismatch_correction: object | None, engine: RolloutEngine) -> None:
     """SettingError for a mismatch correction with an engine that does not report the log-probs it sampled with."""
     require(mismatch_correction is None or engine.reports_logprobs, "GRPOLoss.mismatch_correction",
             mismatch_correction, f"null (no correction) with {type(engine).__name__}, which does not report the "

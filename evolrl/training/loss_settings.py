@@ -6,14 +6,13 @@ A plain dataclass, so the CLI expands its fields (``model.loss.clip_high``) and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import asdict, dataclass, field
 
+import torch
 from torch import Tensor
 
-from evolrl.algorithms import AGGREGATIONS, CORRECTIONS
-from evolrl.algorithms.mismatch import correction_weights, mismatch_sums
-from evolrl.settings import check_choice, check_float
+from evolrl.algorithms import Aggregation, MismatchCorrection, TokenMean, mismatch_sums
+from evolrl.settings import check_float, require
 from evolrl.training.sequences import Sequences
 
 
@@ -31,21 +30,17 @@ class GRPOLoss:
     """Weight of the low-variance KL to the initial policy; 0 drops the reference model."""
     entropy_coef: float = 0.003
     """Weight of the entropy bonus (EVOL-RL 0.003; TTRL 0)."""
-    aggregation: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
-    """``token_mean`` over the mini-batch's response tokens, or the paper's per-sequence mean."""
+    aggregation: Aggregation = field(default_factory=TokenMean)
+    """How per-token losses become one number (``class_path``): ``evolrl.algorithms.TokenMean`` over the mini-batch's
+    response tokens (default), or ``evolrl.algorithms.SeqMeanTokenMean``, the paper's per-sequence mean."""
     scale_by_std: bool = True
     """Divide advantages by the group's std (GRPO); ``false`` is Dr. GRPO."""
-    mismatch_correction: Literal["token_truncate", "sequence_mask"] | None = None
-    """Weigh each token's policy-gradient loss for the sampler/trainer gap (needs an engine that reports log-probs,
-    e.g. vLLM; ``fit`` refuses others at start). ``null``: none (the paper's code); ``token_truncate``: by
-    ``min(exp(old - sampler), mismatch_token_cap)`` (verl, Yao et al. 2025); ``sequence_mask``: by the sequence's
-    ``exp(sum of old - sampler)``, or 0 outside [mismatch_sequence_min, mismatch_sequence_max] (TRL 1.16's default)."""
-    mismatch_token_cap: float = 2.0
-    """``token_truncate``: the largest token weight (verl's default threshold, 2.0)."""
-    mismatch_sequence_min: float = 0.0
-    """``sequence_mask``: a sequence whose ratio is below this is masked (0: no lower bound, TRL's default)."""
-    mismatch_sequence_max: float = 3.0
-    """``sequence_mask``: a sequence whose ratio is above this is masked (TRL's default, 3.0)."""
+    mismatch_correction: MismatchCorrection | None = None
+    """Weigh each token's policy-gradient loss for the sampler/trainer gap (``class_path``; needs an engine that reports
+    log-probs, e.g. vLLM; ``fit`` refuses others at start). ``null``: none (the paper's code);
+    ``evolrl.algorithms.TokenTruncate``: by ``min(exp(old - sampler), cap)`` (verl, Yao et al. 2025);
+    ``evolrl.algorithms.SequenceMask``: by the sequence's ``exp(sum of old - sampler)``, or 0 outside ``[low, high]``
+    (TRL 1.16's default)."""
 
     def __post_init__(self) -> None:
         check_float("GRPOLoss.clip_low", self.clip_low, 0.0, 1.0, high_open=True)
@@ -54,16 +49,27 @@ class GRPOLoss:
             check_float("GRPOLoss.dual_clip", self.dual_clip, 1.0, low_open=True)
         check_float("GRPOLoss.kl_coef", self.kl_coef, 0.0)
         check_float("GRPOLoss.entropy_coef", self.entropy_coef, 0.0)
-        check_choice("GRPOLoss.aggregation", self.aggregation, AGGREGATIONS)
-        check_choice("GRPOLoss.mismatch_correction", self.mismatch_correction, (None, *CORRECTIONS))
-        check_float("GRPOLoss.mismatch_token_cap", self.mismatch_token_cap, 1.0)
-        check_float("GRPOLoss.mismatch_sequence_min", self.mismatch_sequence_min, 0.0, 1.0, high_open=True)
-        check_float("GRPOLoss.mismatch_sequence_max", self.mismatch_sequence_max, 1.0, low_open=True)
+        require(isinstance(self.aggregation, Aggregation), "GRPOLoss.aggregation", self.aggregation,
+                "an evolrl.algorithms.Aggregation, e.g. evolrl.algorithms.TokenMean()")
+        require(self.mismatch_correction is None or isinstance(self.mismatch_correction, MismatchCorrection),
+                "GRPOLoss.mismatch_correction", self.mismatch_correction,
+                "null or an evolrl.algorithms.MismatchCorrection, e.g. evolrl.algorithms.TokenTruncate()")
+
+    def as_dict(self) -> dict:
+        """The settings as plain values (a chosen class as its ``class_path`` and ``init_args``), as in a config."""
+        def plain(choice: object | None) -> dict | None:
+            if choice is None:
+                return None
+            return {"class_path": f"{type(choice).__module__}.{type(choice).__qualname__}", "init_args": asdict(choice)}
+
+        return asdict(self) | {"aggregation": plain(self.aggregation),
+                               "mismatch_correction": plain(self.mismatch_correction)}
 
     def correct(self, old: Tensor, seqs: Sequences) -> tuple[Tensor | None, tuple[Tensor, Tensor]]:
         """The weights of ``seqs``'s per-token loss (``None``: unweighted) and their :func:`mismatch_sums`."""
         delta = old.detach().float() - seqs.sampler_logprobs  # [n, L]
-        weights, hit = correction_weights(self.mismatch_correction, delta, seqs.response_mask,
-                                          self.mismatch_token_cap, self.mismatch_sequence_min,
-                                          self.mismatch_sequence_max)
+        if self.mismatch_correction is None:
+            weights, hit = None, torch.zeros_like(seqs.response_mask)
+        else:
+            weights, hit = self.mismatch_correction.weights(delta, seqs.response_mask)
         return weights, mismatch_sums(delta, seqs.response_mask, weights, hit)

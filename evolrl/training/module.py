@@ -35,6 +35,7 @@ from dataclasses import asdict
 import lightning as L
 import torch
 
+from evolrl.algorithms import MismatchCorrection
 from evolrl.callbacks import LabelFreeDiagnostics, PassAtK, PolicyStats, SampleLogger
 from evolrl.rewards import EvolReward, Reward
 from evolrl.settings import check_choice, require
@@ -96,7 +97,7 @@ class EvolRLModule(L.LightningModule):
         check_choice("EvolRLModule.fsdp_param_dtype", fsdp_param_dtype, DTYPES)
         # Plain values only, so checkpoints load with torch.load(weights_only=True).
         self.save_hyperparameters({
-            "model": model, "loss": asdict(loss), "optim": asdict(optim), "batching": asdict(batching), "dtype": dtype,
+            "model": model, "loss": loss.as_dict(), "optim": asdict(optim), "batching": asdict(batching), "dtype": dtype,
             "reference_dtype": reference_dtype, "fsdp_param_dtype": fsdp_param_dtype,
             "gradient_checkpointing": gradient_checkpointing,
         })
@@ -118,7 +119,7 @@ class EvolRLModule(L.LightningModule):
 
     # ---- set-up -------------------------------------------------------------------------
     @property
-    def mismatch_correction(self) -> str | None:
+    def mismatch_correction(self) -> MismatchCorrection | None:
         """The loss's ``mismatch_correction``: when set, the rollouts must carry the sampler's log-probs."""
         return self.update.loss.mismatch_correction
 

@@ -9,7 +9,7 @@ on the device and read once. A micro-batch is right-padded rows (``forward.py``)
 
 When the engine reports its log-probs, every step also measures how far they are from the old log-probs
 (``mismatch/*``, summed over micro-batches and ranks) and, with ``GRPOLoss.mismatch_correction``, weighs each
-token's policy-gradient loss by an importance weight (``evolrl/algorithms/mismatch.py``). The weights never change
+token's policy-gradient loss by an importance weight (``evolrl/algorithms/corrections.py``). The weights never change
 the normalizer: a masked token counts in it with weight 0 (as in TRL), so the normalizer stays the global token
 count fixed before the micro-batch loop, whatever is masked on which rank.
 
@@ -27,8 +27,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from evolrl.algorithms import aggregate, clipped_surrogate, low_var_kl, normalizer_count
-from evolrl.algorithms.mismatch import mismatch_summary
+from evolrl.algorithms import MismatchCorrection, clipped_surrogate, low_var_kl, mismatch_summary
 from evolrl.distributed import all_reduce, global_sum
 from evolrl.training.batching import Batching
 from evolrl.training.forward import sequence_logprobs
@@ -156,7 +155,7 @@ class GRPOUpdate:
         index = -1  # position in the flattened plan, matching old_logp / ref_logp
         for minibatch, rows in zip(plan, mini_batch_ranges(len(seqs), self.batching.mini_batch_size)):
             # Fixed before the micro-batch loop: accumulation does not change the loss.
-            local = normalizer_count(seqs.response_mask[rows.start : rows.stop], self.loss.aggregation)
+            local = self.loss.aggregation.normalizer(seqs.response_mask[rows.start : rows.stop])
             normalizer = global_sum(local.float()) / world_size
             for j, micro in enumerate(minibatch):
                 index += 1
@@ -183,7 +182,7 @@ class GRPOUpdate:
             weights, measured = cfg.correct(old, part)
             if weights is not None:
                 pg = pg * weights
-        agg = partial(aggregate, mask=part.response_mask, mode=cfg.aggregation, normalizer=normalizer)
+        agg = partial(cfg.aggregation, mask=part.response_mask, normalizer=normalizer)
         terms = {"pg_loss": agg(pg), "entropy": agg(entropy)}
         loss = terms["pg_loss"] - cfg.entropy_coef * terms["entropy"]
         if ref is not None:
@@ -229,7 +228,7 @@ class StepTotals:
         if measured is not None:
             self.mismatch.append(measured)
 
-    def summary(self, mini_batches: int, correction: str | None) -> dict[str, float]:
+    def summary(self, mini_batches: int, correction: MismatchCorrection | None) -> dict[str, float]:
         """Each term's mean over the mini-batches; ``mismatch/*`` over all passes on all ranks."""
         stats = dict(zip(self.sums, torch.stack(list(self.sums.values())).div(mini_batches).tolist()))
         if self.mismatch:
