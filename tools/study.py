@@ -22,9 +22,9 @@ majority label a TTRL/EVOL-RL group votes for is right.
 
 ``summary`` reads the TensorBoard event files: held-out pass@1, pass@16, maj@16 before training and at the last
 evaluation, the step the collapse monitor flagged (``CollapseMonitor`` in configs/study.yaml; how many runs had one),
-and the training curves' means over the first and the last ``--tail`` steps (entropy, response length, majority
-ratio, label accuracy) and the median step, reward and update times, each as mean +- sd over the seeds; the same
-held-out metrics at every evaluation step; the last sampled responses each method's first seed logged; then
+and the training curves' means over the first and the last ``--tail`` steps (entropy, response length, trailing
+fraction: the responses with text after their answer, majority ratio, label accuracy) and the median step, reward
+and update times, each as mean +- sd over the seeds; the same held-out metrics at every evaluation step; the last sampled responses each method's first seed logged; then
 ``tools/plot_dynamics.py`` draws the curves (mean over seeds, min-max band).
 """
 
@@ -69,7 +69,7 @@ CANDIDATES = {
 }
 """Candidate tasks for ``probe``: ``AdditionPrompts`` settings."""
 FINAL = ("pass@1", "pass@16", "maj@16")
-TRAIN = ("entropy", "response_length", "majority_ratio", "label_accuracy")
+TRAIN = ("entropy", "response_length", "trailing_fraction", "majority_ratio", "label_accuracy")
 TIMES = ("step", "reward", "update")
 SAMPLES = "train/samples/text_summary"
 
@@ -165,8 +165,8 @@ def evaluations(scalars: dict[str, list[dict]], methods: list[str]) -> None:
 def per_run(scalars: dict[str, list[dict]], runs: dict[str, list[Path]], tail: int) -> None:
     """One row per run: held-out metrics at the last evaluation, training curves over the last ``tail`` steps, and
     where the entropy bottomed out (the lowest mean over ``tail`` consecutive steps)."""
-    print("| run | pass@1 | pass@16 | entropy | response length | label accuracy | lowest entropy (from step) |\n"
-          + "|---" * 7 + "|")
+    print("| run | pass@1 | pass@16 | entropy | response length | trailing fraction | label accuracy "
+          "| lowest entropy (from step) |\n" + "|---" * 8 + "|")
     for m, dirs in runs.items():
         for directory, run in zip(dirs, scalars[m]):
             n = run_numbers(run, tail)
@@ -176,6 +176,7 @@ def per_run(scalars: dict[str, list[dict]], runs: dict[str, list[Path]], tail: i
             print(f"| {METHODS[m][0]} {directory.name} | {n.get('pass@1 last', math.nan):.3f} "
                   f"| {n.get('pass@16 last', math.nan):.3f} | {n.get(f'entropy last {tail}', math.nan):.2f} "
                   f"| {n.get(f'response_length last {tail}', math.nan):.1f} "
+                  f"| {n.get(f'trailing_fraction last {tail}', math.nan):.2f} "
                   f"| {n.get(f'label_accuracy last {tail}', math.nan):.2f} | {windows[low]:.2f} ({low}) |")
 
 

@@ -21,12 +21,11 @@ equally novel among themselves (a group of them alone gets the middle of its ban
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
 from torch import Tensor
-
-from collections.abc import Sequence
 
 from evolrl.rewards.answers import AnswerSpan, answer_offset, final_part, strip_last_boxed
 from evolrl.rewards.embedders import Embedder, SentenceTransformerEmbedder
