@@ -4,6 +4,7 @@
     python tools/study.py run              # every method x 3 seeds, resumable run by run (~25 min a run, 2 cores)
     python tools/study.py summary          # the table at the last evaluation (mean +- sd) and docs/study.png
     python tools/study.py run --smoke      # 2 training steps of each method, one seed, one evaluation batch (CI)
+    python tools/study.py rewards          # what each reward pays a clean answer vs one with trailing text (1 min)
     python tools/study.py run --methods self_certainty token_entropy semantic_entropy --seeds 0   # the others
     python tools/study.py run --methods evol ttrl self_certainty token_entropy semantic_entropy --seeds 0 \
         --steps 12 --out runs/family   # every method side by side at the demo's length (~6 min a run)
@@ -249,9 +250,16 @@ def probe(a: argparse.Namespace) -> None:
     print(f"\n32 held-out problems per task, 16 samples each (AdditionPrompts seed 1), {ROOT / BASE[0]}'s model")
 
 
+def rewards(a: argparse.Namespace) -> None:
+    """The reward-shape report of ``tools/reward_shape.py``."""
+    from reward_shape import report
+
+    print(report(groups_file=a.groups, sample=a.sample, save=a.save, fallback_rule=a.fallback_rule))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["probe", "run", "summary"])
+    p.add_argument("command", choices=["probe", "run", "summary", "rewards"])
     p.add_argument("--methods", nargs="+", default=["evol", "ttrl"], choices=list(METHODS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--out", default="runs/study", help="where the runs go")
@@ -259,10 +267,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, help="run: this many training steps instead of configs/study.yaml's 80")
     p.add_argument("--tail", type=int, default=10, help="summary: training curves averaged over this many steps")
     p.add_argument("--figure", default="docs/study.png", help="summary: where the figure goes")
+    p.add_argument("--groups", help="rewards: recorded groups, JSON [{question, texts}]")
+    p.add_argument("--sample", type=int, default=0, help="rewards: also sample this many groups from the base model")
+    p.add_argument("--save", help="rewards: write the sampled groups here (JSON, for --groups)")
+    p.add_argument("--fallback-rule", default="last_number", choices=["last_number", "first_result"],
+                   help="rewards: which number the answer fallback reads")
     a = p.parse_args()
+    if a.sample < 0:
+        p.error(f"--sample {a.sample}: the number of groups to sample is 0 or more")
     if a.steps is not None and a.steps < 1:
         p.error(f"--steps {a.steps}: a run needs at least 1 training step")
-    {"probe": probe, "run": run, "summary": summary}[a.command](a)
+    {"probe": probe, "run": run, "summary": summary, "rewards": rewards}[a.command](a)
 
 
 if __name__ == "__main__":
