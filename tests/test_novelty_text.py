@@ -4,8 +4,14 @@ The texts are the ones that showed the problem: one-line answers to "What is 9 +
 written after the answer, which the paper's whole-response novelty rewards.
 """
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+import yaml
 
 from evolrl.rewards import EvolReward, NoveltyBands
 from evolrl.settings import SettingError
@@ -115,3 +121,18 @@ def test_until_answer_needs_the_answer_spans():
 def test_novelty_text_is_checked_where_declared():
     with pytest.raises(SettingError, match="NoveltyBands.novelty_text='whole'.*'response', 'reasoning', 'until_answer'"):
         NoveltyBands(novelty_text="whole")
+
+
+def test_the_overlays_set_the_option_and_the_rule_from_a_config():
+    """configs/demo_until_answer.yaml and configs/study_first_result.yaml, as the CLI resolves them."""
+    args = ["fit", "--config", "configs/demo.yaml", "--config", "configs/study.yaml", "--config",
+            "configs/demo_until_answer.yaml", "--config", "configs/study_first_result.yaml", "--print_config"]
+    root = Path(__file__).parent.parent
+    result = subprocess.run([sys.executable, "-m", "evolrl", *args], cwd=root, capture_output=True, text=True,
+                            check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    config = yaml.safe_load(result.stdout)
+    reward = config["model"]["reward"]["init_args"]
+    assert reward["novelty"]["init_args"]["novelty_text"] == "until_answer"
+    assert reward["fallback_rule"] == "first_result" and reward["number_fallback"] is True
+    grader = config["data"]["eval_sets"][0]["init_args"]["grader"]
+    assert grader["init_args"]["fallback_rule"] == "first_result"
