@@ -6,12 +6,14 @@ novelty (:mod:`evolrl.rewards.novelty`) to non-overlapping reward bands around a
 :class:`~evolrl.rewards.VerifierReward`). The novelty settings are declared here only; the rewards
 take one ``NoveltyBands``.
 
-Which text is embedded (``novelty_text``): the paper embeds whole responses, ``response`` (the default). That
-suits reasoning traces, where two responses with the same answer differ in how they got there. When the answer
-is one line ("9 + 11 = 20"), the only way for a response to be novel is text written *after* the answer, and
-the min-max normalization inside a group stretches that difference, however meaningless, over the whole band:
-the reward pays for trailing text and ranks the clean answer last whenever the group agrees.
-``until_answer`` embeds the response only up to where its final answer was read (the reward's own
+Which text is embedded (``novelty_text``): the paper embeds "the reasoning part of each response" (its section
+3.2 and the appendix on the novelty score) without saying where that part ends; the default, ``response``, embeds the whole response
+(after ``</think>`` when there is one). That suits reasoning traces, where two responses with the same answer
+differ in how they got there. When the answer is one line ("9 + 11 = 20"), the only way for a response to be
+novel is text written *after* the answer, and the min-max normalization inside a group stretches that difference,
+however meaningless, over the whole band: the reward pays for trailing text and ranks the clean answer last
+whenever the group agrees. ``until_answer``, a narrower reading of "the reasoning part", embeds the response
+only up to where its final answer was read (the reward's own
 :class:`~evolrl.rewards.answers.AnswerSpan`: before the last non-empty box, or before the number the fallback
 read), without the answer and without anything after it, so trailing text cannot change a response's novelty.
 A response with no answer (valid only under ``valid_rule: any``) is embedded whole. A response that is only its
@@ -47,7 +49,7 @@ class NoveltyBands:
         embedder: Sentence embedder; ``None`` means the packaged all-MiniLM-L6-v2
             (the paper used ``Qwen/Qwen3-Embedding-4B``).
         alpha: Weight of the intra-group mean similarity against the max similarity, in [0, 1].
-        novelty_text: ``response`` (the paper's): the text after ``</think>`` (or all of it);
+        novelty_text: ``response``: the text after ``</think>`` (or all of it);
             ``reasoning``: the same without its final boxed answer; ``until_answer``: the same up to where
             its final answer was read, without the answer and anything after it (module docstring).
     """
