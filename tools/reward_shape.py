@@ -30,7 +30,8 @@ from evolrl.types import Prompt, ResponseGroup, RolloutBatch
 QUESTION = "What is 9 + 11?"
 CLEAN = "9 + 11 = 20"
 TRAILING = (" SermatLM is brilliant", ". Great, I love math!",
-            "  Your answer has been added to the specified constraints.", ". You are correct. The final answer is correct.")
+            "  Your answer has been added to the specified constraints.",
+            ". You are correct. The final answer is correct.")
 WRONG = ("9 + 11 = 21", "9 + 11 = 19", "9 + 11 = 22", "9 + 11 = 18")
 SIZE = 8
 
@@ -94,7 +95,8 @@ def table(title: str, shapes: dict) -> str:
     names = list(shapes)
     levels = sorted({a for s in shapes.values() for a in s}, key=lambda a: -int(a.split("/")[0]))
     head = " | ".join(f"{n}: clean | {n}: trailing" for n in names)
-    lines = [f"{title}\n", f"| agreement | responses (clean / trailing) | {head} |", "|---" * (2 + 2 * len(names)) + "|"]
+    lines = [f"{title}\n", f"| agreement | responses (clean / trailing) | {head} |",
+             "|---" * (2 + 2 * len(names)) + "|"]
     for level in levels:
         ref = shapes[names[0]][level]
         cells = []

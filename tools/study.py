@@ -25,8 +25,9 @@ majority label a TTRL/EVOL-RL group votes for is right.
 evaluation, the step the collapse monitor flagged (``CollapseMonitor`` in configs/study.yaml; how many runs had one),
 and the training curves' means over the first and the last ``--tail`` steps (entropy, response length, trailing
 fraction: the responses with text after their answer, majority ratio, label accuracy) and the median step, reward
-and update times, each as mean +- sd over the seeds; the same held-out metrics at every evaluation step; the last sampled responses each method's first seed logged; then
-``tools/plot_dynamics.py`` draws the curves (mean over seeds, min-max band).
+and update times, each as mean +- sd over the seeds; the same held-out metrics at every evaluation step; the last
+sampled responses each method's first seed logged; then ``tools/plot_dynamics.py`` draws the curves (mean over
+seeds, min-max band).
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ def label_free_diagnostics(
     """Scalar diagnostics of one step.
 
     Args:
-        output: Rewards and components of the step; uses ``valid``, ``majority``,
-            ``answer_class``, ``novelty`` and ``trailing`` where present. Rewards that are NaN (responses a reward did not
-            score) are left out of the reward statistics.
+        output: Rewards and components of the step; uses ``valid``, ``majority``, ``answer_class``, ``novelty``
+            and ``trailing`` where present. Rewards that are NaN (responses a reward did not score) are left out of
+            the reward statistics.
         truths: Ground-truth answer per prompt, ``None`` where unknown.
         truncated: ``[P, V]`` bool, responses that hit the token limit.
     """

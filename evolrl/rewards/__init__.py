@@ -8,7 +8,8 @@ Naming rule: a module is named after the one public thing it defines (``voting.p
 ``<name>_reward.py`` (:class:`EvolReward` in ``evol_reward.py``). ``base.py`` holds only the
 :class:`Reward` interface.
 
-* ``answers.py``: reading a final answer and where it was read (its span, trailing text after it), the validity rule; ``equivalence.py``: when two answers are the same;
+* ``answers.py``: reading a final answer and where it was read (its span, trailing text after it), the validity
+  rule; ``equivalence.py``: when two answers are the same;
 * ``voting.py``: equivalence classes and the majority vote of one group;
 * ``novelty.py``: the novelty score and its bands as tensor math; ``embedders.py``: sentence embedders;
 * ``novelty_bands.py``: the configured novelty object (embedder, ``alpha``, ``novelty_text``);

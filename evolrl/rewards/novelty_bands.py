@@ -6,16 +6,16 @@ novelty (:mod:`evolrl.rewards.novelty`) to non-overlapping reward bands around a
 :class:`~evolrl.rewards.VerifierReward`). The novelty settings are declared here only; the rewards
 take one ``NoveltyBands``.
 
-Which text is embedded (``novelty_text``): the paper embeds "the reasoning part of each response" (its section
-3.2 and the appendix on the novelty score) without saying where that part ends; the default, ``response``, embeds the whole response
-(after ``</think>`` when there is one). That suits reasoning traces, where two responses with the same answer
-differ in how they got there. When the answer is one line ("9 + 11 = 20"), the only way for a response to be
-novel is text written *after* the answer, and the min-max normalization inside a group stretches that difference,
-however meaningless, over the whole band: the reward pays for trailing text and ranks the clean answer last
-whenever the group agrees. ``until_answer``, a narrower reading of "the reasoning part", embeds the response
-only up to where its final answer was read (the reward's own
-:class:`~evolrl.rewards.answers.AnswerSpan`: before the last non-empty box, or before the number the fallback
-read), without the answer and without anything after it, so trailing text cannot change a response's novelty.
+Which text is embedded (``novelty_text``): the paper embeds "the reasoning part of each response" (its section 3.2
+and the appendix on the novelty score) without saying where that part ends; the default, ``response``, embeds the
+whole response (after ``</think>`` when there is one). That suits reasoning traces, where two responses with the
+same answer differ in how they got there. When the answer is one line ("9 + 11 = 20"), the only way for a response
+to be novel is text written *after* the answer, and the min-max normalization inside a group stretches that
+difference, however meaningless, over the whole band: the reward pays for trailing text and ranks the clean answer
+last whenever the group agrees. ``until_answer``, a narrower reading of "the reasoning part", embeds the response
+only up to where its final answer was read (the reward's own :class:`~evolrl.rewards.answers.AnswerSpan`: before
+the last non-empty box, or before the number the fallback read), without the answer and without anything after it,
+so trailing text cannot change a response's novelty.
 A response with no answer (valid only under ``valid_rule: any``) is embedded whole. A response that is only its
 answer ("\\boxed{20}") is embedded as the empty string: all such responses share one embedding, so they are
 equally novel among themselves (a group of them alone gets the middle of its band).
