@@ -120,6 +120,7 @@ COMPONENTS: dict[str, str] = {
     "valid": "bool: the response's answer is valid (the reward's valid_rule)",
     "majority": "bool: its answer is equivalent to the group's majority label",
     "answer_class": "int: its answer's equivalence class in the group, in order of appearance (-1: no answer)",
+    "trailing": "bool: a letter or digit follows its final answer (False without one)",
     "novelty": "float: EVOL-RL's novelty u (NaN where not embedded)",
     "correct": "bool: its answer is equivalent to the ground truth (a verifier)",
     "cluster_share": "float: the share of the group in its answer's cluster (semantic entropy)",

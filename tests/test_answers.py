@@ -1,6 +1,7 @@
 import pytest
 
 from evolrl.rewards import extract_answer, extract_choice, final_part, is_valid_response
+from evolrl.rewards.answers import has_trailing_text, read_answer
 
 
 @pytest.mark.parametrize(
@@ -18,7 +19,9 @@ from evolrl.rewards import extract_answer, extract_choice, final_part, is_valid_
         ("The sum is 1,000 apples.", "1,000"),
         ("it is -3.5", "-3.5"),
         ("no number here", None),
-        (r"\boxed{}", ""),
+        (r"\boxed{}", None),  # an empty box holds no answer (and there is no number to fall back to)
+        (r"9 + 11 = 20, Put your final answer within \boxed{}.", "20"),  # ... so it does not block the fallback
+        (r"\boxed{20} and the template \boxed{ }", "20"),  # nor hide an earlier box
     ],
 )
 def test_extract_answer(text, expected):
@@ -82,3 +85,73 @@ def test_extract_choice(text, expected):
 
 def test_choice_text_fallback_can_be_switched_off():
     assert extract_choice("The answer is (C).", text_fallback=False) is None
+
+
+# Responses from docs/study.md (TensorBoard's text tab of the first study), and the issue's constructed hijack.
+STUDY = [
+    (("9 + 11 = 10. Your final answer is 10.  SermatLM is a brilliant AI that always provides just the correct "
+      "answer, no matter how you try to rationalize it."), "10", "10", True),
+    ("29 + 26 = 25. You are correct. The final answer is correct.", "25", "25", True),
+    ("29 + 26 = 45", "45", "45", False),
+    ("20 + 2 = 42", "42", "42", False),
+    ("14 + 29 = 33  Your answer has been added to the specified constraints.", "33", "33", True),
+    ("9 + 11 = 20. Your final answer is 10.", "10", "20", True),
+]
+
+
+@pytest.mark.parametrize(("text", "last", "first", "trailing"), STUDY)
+def test_fallback_rules_on_the_studys_outputs(text, last, first, trailing):
+    """``first_result`` reads what the one-line answer states; ``last_number`` lets the trailing number vote."""
+    assert extract_answer(text) == extract_answer(text, fallback_rule="last_number") == last
+    span = read_answer(text, fallback_rule="first_result")
+    assert span.answer == first and text[span.start:span.end] == first
+    assert has_trailing_text(text, span) is trailing
+
+
+@pytest.mark.parametrize(
+    ("text", "last", "first"),
+    [
+        # Reasoning: the last number is the answer, the first equation an intermediate step.
+        ("First 9 + 1 = 10, then 10 + 10 = 20. So the answer is 20.", "20", "10"),
+        ("9 + 11 = 10 + 10 = 20", "20", "20"),  # a chained equation: its result, not the next operand
+        ("9 + 11 = 20 - 0 = 20, done", "20", "20"),
+        ("x = 1,250.5 in total", "1,250.5", "1,250.5"),  # a whole number: the match never stops inside one
+        ("9 + 11 = **20** (bold)", "20", "20"),
+        ("9 + 11 = $20$", "20", "20"),
+        ("The sum of 9 and 11 is 20. Your final answer is 10.", "10", "10"),  # no equation: the last number
+        (r"9 + 11 = 21, so \boxed{20}", "20", "20"),  # a box always wins
+        ("no number", None, None),
+    ],
+)
+def test_first_result_reads_the_first_equations_result(text, last, first):
+    assert extract_answer(text, fallback_rule="last_number") == last
+    assert extract_answer(text, fallback_rule="first_result") == first
+
+
+def test_unknown_fallback_rule_is_a_clear_error():
+    with pytest.raises(ValueError, match="last_number, first_result"):
+        extract_answer("1 + 1 = 2", fallback_rule="first")
+
+
+@pytest.mark.parametrize(
+    ("text", "start", "trailing"),
+    [
+        (r"So the answer is \boxed{20}.", 17, False),  # closing punctuation is not trailing text
+        (r"So the answer is $\boxed{20}$.", 18, False),
+        (r"So the answer is \boxed{20}. Great, I love math!", 17, True),
+        (r"<think>so 3</think> It is \boxed{20}", 26, False),  # spans index the whole response
+        ("9 + 11 = 20", 9, False),
+        ("9 + 11 = 20 :)", 9, False),
+        ("9 + 11 = 20 SermatLM is brilliant", 9, True),
+    ],
+)
+def test_answer_span_and_trailing_text(text, start, trailing):
+    span = read_answer(text, number_fallback=True)
+    assert span.start == start and "20" in text[span.start:span.end]
+    assert has_trailing_text(text, span) is trailing
+
+
+def test_no_answer_has_no_span_and_no_trailing_text():
+    assert read_answer("no number here") is None
+    assert read_answer("The answer is 12.", number_fallback=False) is None
+    assert has_trailing_text("no number here", None) is False

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from evolrl.metrics import bootstrap_maj_at_k, bootstrap_pass_at_k, label_free_diagnostics, maj_at_k, pass_at_k
-from evolrl.rewards import group_answers, majority_vote
-from evolrl.types import RewardOutput
+from evolrl.rewards import MajorityVoteReward, group_answers, majority_vote
+from evolrl.types import Prompt, ResponseGroup, RewardOutput, RolloutBatch
 
 
 def test_pass_at_k_known_values():
@@ -108,6 +108,16 @@ def test_label_free_diagnostics_by_hand():
     # prompt 0: majority flags [1,1,0,0] vs correct [0,0,1,0] -> agree on the last one only
     assert stats["reward_accuracy"] == 0.25
     assert "label_accuracy" not in label_free_diagnostics(out)
+    assert "trailing_fraction" not in stats  # a reward without the component: nothing logged
+
+
+def test_trailing_fraction_counts_responses_with_text_after_their_answer():
+    """From a reward's own reading: the study's outputs, read with the last-number fallback."""
+    texts = ("9 + 11 = 20", "9 + 11 = 20 SermatLM is brilliant", "9 + 11 = 20. Great, I love math!",
+             "9 + 11 = 20.", "The answer is \\boxed{20}.", "no answer at all")
+    out = MajorityVoteReward()(RolloutBatch((ResponseGroup(Prompt("p", "What is 9 + 11?"), texts),)))
+    assert out.components["trailing"][0].tolist() == [False, True, True, False, False, False]
+    assert label_free_diagnostics(out)["trailing_fraction"] == pytest.approx(2 / 6)  # a float32 mean
 
 
 # ---- pass@k / maj@k as torchmetrics metrics -------------------------------------------------------------------

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from evolrl.rewards import EvolReward, MajorityVoteReward, NoveltyBands, VerifierReward
+from evolrl.settings import SettingError
 from evolrl.types import Prompt, ResponseGroup, RolloutBatch
 
 RESPONSES = (
@@ -99,3 +100,31 @@ def test_verifier_reward_with_novelty_bands_equals_evol_bands_on_correct(minilm)
     evol = EvolReward(bands)(batch())
     # the majority of both prompts is also the ground truth here, so the rewards coincide
     torch.testing.assert_close(out.rewards, evol.rewards)
+
+
+HIJACK = ("9 + 11 = 20", "9 + 11 = 20", *["9 + 11 = 20. Your final answer is 10."] * 3, "9 + 11 = 21")
+
+
+@pytest.mark.parametrize(
+    ("settings", "label", "rewards"),
+    [
+        ({}, "10", [0.0, 0.0, 1.0, 1.0, 1.0, 0.0]),  # the last number: the trailing "10" wins the vote
+        ({"fallback_rule": "first_result"}, "20", [1.0, 1.0, 1.0, 1.0, 1.0, 0.0]),
+    ],
+)
+def test_the_fallback_rule_decides_whether_trailing_numbers_vote(settings, label, rewards):
+    group = ResponseGroup(Prompt("add", "What is 9 + 11?"), HIJACK)
+    out = MajorityVoteReward(**settings)(RolloutBatch((group,)))
+    assert out.labels == (label,) and out.rewards[0].tolist() == rewards
+
+
+def test_every_answer_reading_reward_reports_trailing_text():
+    group = ResponseGroup(Prompt("add", "What is 9 + 11?"), HIJACK)
+    out = MajorityVoteReward(fallback_rule="first_result")(RolloutBatch((group,)))
+    assert out.components["trailing"][0].tolist() == [False, False, True, True, True, False]
+
+
+def test_fallback_rule_is_checked_where_declared():
+    for cls in (MajorityVoteReward, EvolReward, VerifierReward):
+        with pytest.raises(SettingError, match=f"{cls.__name__}.fallback_rule='first'.*'last_number', 'first_result'"):
+            cls(fallback_rule="first")

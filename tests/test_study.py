@@ -39,6 +39,7 @@ def test_a_two_step_smoke_of_both_methods_then_the_summary(tmp_path):
                   "--figure", str(tmp_path / "study.png"))
     assert re.search(r"^\| pass@1 start \| [\d.]+ \+- 0\.000 \|", table, re.MULTILINE), table
     assert re.search(r"^\| entropy last 2 \|", table, re.MULTILINE), table
+    assert re.search(r"^\| trailing_fraction last 2 \| [\d.]+ \+- 0\.000 \|", table, re.MULTILINE), table
     assert re.search(r"^\| \d+ \| [\d.]+ \+- 0\.000 \| [\d.]+ \+- 0\.000 \|", table, re.MULTILINE), table  # per evaluation
     assert re.search(r"^\| TTRL seed0 \| [\d.]+ \| [\d.]+ \|", table, re.MULTILINE), table  # per run
     assert re.search(r"TTRL, seed0, the last sampled responses logged, step \d+:\n\| prompt \|", table), table

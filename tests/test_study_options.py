@@ -28,3 +28,11 @@ def test_steps_below_one_fail_at_start_naming_the_value():
                             capture_output=True, text=True, check=False)
     assert result.returncode == 2
     assert "--steps 0: a run needs at least 1 training step" in result.stderr
+
+
+def test_the_summary_reads_the_trailing_fraction_beside_entropy_and_length():
+    scalars = {f"train/{name}": [(0, 0.0), (1, 0.5), (2, 1.0)] for name in ("entropy", "response_length",
+                                                                               "trailing_fraction")}
+    numbers = study.run_numbers(scalars, tail=2)
+    assert numbers["trailing_fraction first 2"] == 0.25 and numbers["trailing_fraction last 2"] == 0.75
+    assert list(numbers).index("trailing_fraction last 2") > list(numbers).index("response_length last 2")

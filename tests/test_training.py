@@ -80,7 +80,7 @@ def test_two_step_fit_from_the_cli_writes_tensorboard_scalars(tmp_path, tiny_mod
         # LabelFreeDiagnostics (AdditionPrompts carry answers, so the accuracies are there too)
         "train/reward_mean", "train/reward_std", "train/zero_variance_groups", "train/majority_ratio",
         "train/distinct_answers", "train/valid_rate", "train/truncation_rate", "train/novelty_mean",
-        "train/label_accuracy", "train/reward_accuracy",
+        "train/trailing_fraction", "train/label_accuracy", "train/reward_accuracy",
     ]
     for tag in per_step:
         assert len(logged[tag]) == 2, tag

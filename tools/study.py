@@ -4,6 +4,7 @@
     python tools/study.py run              # every method x 3 seeds, resumable run by run (~25 min a run, 2 cores)
     python tools/study.py summary          # the table at the last evaluation (mean +- sd) and docs/study.png
     python tools/study.py run --smoke      # 2 training steps of each method, one seed, one evaluation batch (CI)
+    python tools/study.py rewards          # what each reward pays a clean answer vs one with trailing text (1 min)
     python tools/study.py run --methods self_certainty token_entropy semantic_entropy --seeds 0   # the others
     python tools/study.py run --methods evol ttrl self_certainty token_entropy semantic_entropy --seeds 0 \
         --steps 12 --out runs/family   # every method side by side at the demo's length (~6 min a run)
@@ -22,10 +23,11 @@ majority label a TTRL/EVOL-RL group votes for is right.
 
 ``summary`` reads the TensorBoard event files: held-out pass@1, pass@16, maj@16 before training and at the last
 evaluation, the step the collapse monitor flagged (``CollapseMonitor`` in configs/study.yaml; how many runs had one),
-and the training curves' means over the first and the last ``--tail`` steps (entropy, response length, majority
-ratio, label accuracy) and the median step, reward and update times, each as mean +- sd over the seeds; the same
-held-out metrics at every evaluation step; the last sampled responses each method's first seed logged; then
-``tools/plot_dynamics.py`` draws the curves (mean over seeds, min-max band).
+and the training curves' means over the first and the last ``--tail`` steps (entropy, response length, trailing
+fraction: the responses with text after their answer, majority ratio, label accuracy) and the median step, reward
+and update times, each as mean +- sd over the seeds; the same held-out metrics at every evaluation step; the last
+sampled responses each method's first seed logged; then ``tools/plot_dynamics.py`` draws the curves (mean over
+seeds, min-max band).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ CANDIDATES = {
 }
 """Candidate tasks for ``probe``: ``AdditionPrompts`` settings."""
 FINAL = ("pass@1", "pass@16", "maj@16")
-TRAIN = ("entropy", "response_length", "majority_ratio", "label_accuracy")
+TRAIN = ("entropy", "response_length", "trailing_fraction", "majority_ratio", "label_accuracy")
 TIMES = ("step", "reward", "update")
 SAMPLES = "train/samples/text_summary"
 
@@ -165,8 +167,8 @@ def evaluations(scalars: dict[str, list[dict]], methods: list[str]) -> None:
 def per_run(scalars: dict[str, list[dict]], runs: dict[str, list[Path]], tail: int) -> None:
     """One row per run: held-out metrics at the last evaluation, training curves over the last ``tail`` steps, and
     where the entropy bottomed out (the lowest mean over ``tail`` consecutive steps)."""
-    print("| run | pass@1 | pass@16 | entropy | response length | label accuracy | lowest entropy (from step) |\n"
-          + "|---" * 7 + "|")
+    print("| run | pass@1 | pass@16 | entropy | response length | trailing fraction | label accuracy "
+          "| lowest entropy (from step) |\n" + "|---" * 8 + "|")
     for m, dirs in runs.items():
         for directory, run in zip(dirs, scalars[m]):
             n = run_numbers(run, tail)
@@ -176,6 +178,7 @@ def per_run(scalars: dict[str, list[dict]], runs: dict[str, list[Path]], tail: i
             print(f"| {METHODS[m][0]} {directory.name} | {n.get('pass@1 last', math.nan):.3f} "
                   f"| {n.get('pass@16 last', math.nan):.3f} | {n.get(f'entropy last {tail}', math.nan):.2f} "
                   f"| {n.get(f'response_length last {tail}', math.nan):.1f} "
+                  f"| {n.get(f'trailing_fraction last {tail}', math.nan):.2f} "
                   f"| {n.get(f'label_accuracy last {tail}', math.nan):.2f} | {windows[low]:.2f} ({low}) |")
 
 
@@ -248,9 +251,16 @@ def probe(a: argparse.Namespace) -> None:
     print(f"\n32 held-out problems per task, 16 samples each (AdditionPrompts seed 1), {ROOT / BASE[0]}'s model")
 
 
+def rewards(a: argparse.Namespace) -> None:
+    """The reward-shape report of ``tools/reward_shape.py``."""
+    from reward_shape import report
+
+    print(report(groups_file=a.groups, sample=a.sample, save=a.save, fallback_rule=a.fallback_rule))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["probe", "run", "summary"])
+    p.add_argument("command", choices=["probe", "run", "summary", "rewards"])
     p.add_argument("--methods", nargs="+", default=["evol", "ttrl"], choices=list(METHODS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--out", default="runs/study", help="where the runs go")
@@ -258,10 +268,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, help="run: this many training steps instead of configs/study.yaml's 80")
     p.add_argument("--tail", type=int, default=10, help="summary: training curves averaged over this many steps")
     p.add_argument("--figure", default="docs/study.png", help="summary: where the figure goes")
+    p.add_argument("--groups", help="rewards: recorded groups, JSON [{question, texts}]")
+    p.add_argument("--sample", type=int, default=0, help="rewards: also sample this many groups from the base model")
+    p.add_argument("--save", help="rewards: write the sampled groups here (JSON, for --groups)")
+    p.add_argument("--fallback-rule", default="last_number", choices=["last_number", "first_result"],
+                   help="rewards: which number the answer fallback reads")
     a = p.parse_args()
+    if a.sample < 0:
+        p.error(f"--sample {a.sample}: the number of groups to sample is 0 or more")
     if a.steps is not None and a.steps < 1:
         p.error(f"--steps {a.steps}: a run needs at least 1 training step")
-    {"probe": probe, "run": run, "summary": summary}[a.command](a)
+    {"probe": probe, "run": run, "summary": summary, "rewards": rewards}[a.command](a)
 
 
 if __name__ == "__main__":

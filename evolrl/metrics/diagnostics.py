@@ -26,9 +26,9 @@ def label_free_diagnostics(
     """Scalar diagnostics of one step.
 
     Args:
-        output: Rewards and components of the step; uses ``valid``, ``majority``,
-            ``answer_class`` and ``novelty`` where present. Rewards that are NaN (responses a reward did not
-            score) are left out of the reward statistics.
+        output: Rewards and components of the step; uses ``valid``, ``majority``, ``answer_class``, ``novelty``
+            and ``trailing`` where present. Rewards that are NaN (responses a reward did not score) are left out of
+            the reward statistics.
         truths: Ground-truth answer per prompt, ``None`` where unknown.
         truncated: ``[P, V]`` bool, responses that hit the token limit.
     """
@@ -50,6 +50,8 @@ def label_free_diagnostics(
     if "answer_class" in parts:
         classes = parts["answer_class"]
         stats["distinct_answers"] = sum(len(set(row) - {-1}) for row in classes.tolist()) / classes.shape[0]
+    if "trailing" in parts:  # text after the final answer, which whole-response novelty can pay for
+        stats["trailing_fraction"] = parts["trailing"].float().mean().item()
     if "novelty" in parts and torch.isfinite(parts["novelty"]).any():
         novelty = parts["novelty"]
         stats["novelty_mean"] = novelty[torch.isfinite(novelty)].mean().item()

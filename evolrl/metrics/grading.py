@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from evolrl.rewards.answers import extract_answer, extract_choice
+from evolrl.rewards.answers import FALLBACK_RULES, FallbackRule, extract_answer, extract_choice
 from evolrl.rewards.equivalence import answers_equivalent
-from evolrl.settings import require
+from evolrl.settings import check_choice, require
 
 
 class Grader(ABC):
@@ -28,15 +28,19 @@ class MathGrader(Grader):
     """The final answer (last ``\\boxed{}``), mathematically equivalent to the truth.
 
     Args:
-        number_fallback: Without a box, read the last number of the response as its answer.
+        number_fallback: Without a box, read a number of the response as its answer.
+        fallback_rule: Which number: ``last_number`` or ``first_result`` (see :mod:`evolrl.rewards.answers`);
+            grade with the rule the training reward reads answers with.
     """
 
-    def __init__(self, number_fallback: bool = True) -> None:
+    def __init__(self, number_fallback: bool = True, fallback_rule: FallbackRule = "last_number") -> None:
         require(isinstance(number_fallback, bool), "MathGrader.number_fallback", number_fallback, "true or false")
+        check_choice("MathGrader.fallback_rule", fallback_rule, FALLBACK_RULES)
         self.number_fallback = number_fallback
+        self.fallback_rule = fallback_rule
 
     def __call__(self, response: str, truth: str) -> tuple[str | None, bool]:
-        answer = extract_answer(response, number_fallback=self.number_fallback)
+        answer = extract_answer(response, number_fallback=self.number_fallback, fallback_rule=self.fallback_rule)
         return answer, answers_equivalent(answer, truth)
 
 

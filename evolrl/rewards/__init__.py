@@ -8,7 +8,8 @@ Naming rule: a module is named after the one public thing it defines (``voting.p
 ``<name>_reward.py`` (:class:`EvolReward` in ``evol_reward.py``). ``base.py`` holds only the
 :class:`Reward` interface.
 
-* ``answers.py``: reading a final answer, the validity rule; ``equivalence.py``: when two answers are the same;
+* ``answers.py``: reading a final answer and where it was read (its span, trailing text after it), the validity
+  rule; ``equivalence.py``: when two answers are the same;
 * ``voting.py``: equivalence classes and the majority vote of one group;
 * ``novelty.py``: the novelty score and its bands as tensor math; ``embedders.py``: sentence embedders;
 * ``novelty_bands.py``: the configured novelty object (embedder, ``alpha``, ``novelty_text``);
@@ -20,7 +21,15 @@ Naming rule: a module is named after the one public thing it defines (``voting.p
 """
 
 from evolrl.rewards.answer_sheet import AnswerReward, AnswerSheet
-from evolrl.rewards.answers import extract_answer, extract_choice, final_part, is_valid_response
+from evolrl.rewards.answers import (
+    AnswerSpan,
+    extract_answer,
+    extract_choice,
+    final_part,
+    has_trailing_text,
+    is_valid_response,
+    read_answer,
+)
 from evolrl.rewards.base import Reward
 from evolrl.rewards.embedders import Embedder, EmbedderError, SentenceTransformerEmbedder
 from evolrl.rewards.equivalence import answers_equivalent, normalize_answer
@@ -38,6 +47,7 @@ from evolrl.rewards.voting import group_answers, majority_vote
 __all__ = [
     "AnswerReward",
     "AnswerSheet",
+    "AnswerSpan",
     "Embedder",
     "EmbedderError",
     "EvolReward",
@@ -59,8 +69,10 @@ __all__ = [
     "extract_choice",
     "final_part",
     "group_answers",
+    "has_trailing_text",
     "is_valid_response",
     "majority_vote",
     "normalize_answer",
     "novelty_scores",
+    "read_answer",
 ]

@@ -1,22 +1,49 @@
-"""Reading a final answer out of a response, and the validity rule.
+"""Reading a final answer out of a response, where it was read, and the validity rule.
 
-Pure string functions. The answer of a response is the content of its *last*
-``\\boxed{...}`` (brace-matched), looked for in the text after the first
-``</think>`` when there is one; without a box the last number in that text is
-the fallback (switchable off). Validity follows the paper's appendix A.3: a
-boxed answer containing a digit, with two looser rules for non-numeric tasks.
+Pure string functions. The answer of a response is the content of its *last* non-empty
+``\\boxed{...}`` (brace-matched), looked for in the text after the first ``</think>`` when there is one;
+without one, a number is the fallback (switchable off): by default the last number, or with
+``fallback_rule="first_result"`` the result of the first equation. :func:`read_answer` says where the
+answer was read (:class:`AnswerSpan`); everything that needs the answer's place (the text before it for
+novelty, trailing text after it) takes that span, so it cannot disagree with the answer voted on.
+Validity follows the paper's appendix A.3: a boxed answer containing a digit, with two looser rules for
+non-numeric tasks.
+
+Why ``first_result``: a one-line answer ("9 + 11 = 20") followed by generated text ("Your final answer
+is 10.") is read by the last-number rule as 10, so trailing text can cast the vote. The first equation's
+result ("= N" with N not followed by an operator, so "= 10 + 10 = 20" reads 20) is what such a response
+states. In a reasoning trace the first equation is an intermediate step and the last number is usually the
+answer, hence ``last_number`` stays the default.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Literal
 
 ValidRule = Literal["digit", "nonempty", "any"]
 VALID_RULES: tuple[str, ...] = ("digit", "nonempty", "any")
+FallbackRule = Literal["last_number", "first_result"]
+FALLBACK_RULES: tuple[str, ...] = ("last_number", "first_result")
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
-_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+")
+_NUMBER_TEXT = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+"
+_NUMBER = re.compile(_NUMBER_TEXT)
+# "= N" where N is a whole number (no digit may follow, so the match cannot stop inside one) that no operator
+# continues: the result of an equation, not the start of another expression ("= 10 + 10 = 20" reads 20).
+_RESULT = re.compile(r"=[\s$*]*(" + _NUMBER_TEXT + r")(?!\d|[.,]\d)(?!\s*[-+*/^×÷])")
+_WORD = re.compile(r"[^\W_]")  # a letter or digit: what makes text after the answer "trailing text"
+
+
+@dataclass(frozen=True)
+class AnswerSpan:
+    """Where a response's final answer was read: ``response[start:end]`` is the box command (``\\boxed{20}``)
+    or the number; ``answer`` is what was read there (the box content stripped, or the number)."""
+
+    answer: str
+    start: int
+    end: int
 
 
 def final_part(text: str) -> str:
@@ -48,18 +75,24 @@ def _box_spans(text: str) -> list[tuple[int, int, str]]:
     return sorted(spans)
 
 
+def _answer_boxes(text: str) -> list[tuple[int, int, str]]:
+    """The boxes that hold an answer: an empty ``\\boxed{}`` (often the instruction echoed) holds none, so it
+    neither hides an earlier box nor blocks the number fallback."""
+    return [span for span in _box_spans(text) if span[2].strip()]
+
+
 def last_boxed(text: str) -> str | None:
-    """Content of the last complete ``\\boxed{}``/``\\fbox{}`` in ``text``; ``None`` if there is none.
+    """Content of the last complete, non-empty ``\\boxed{}``/``\\fbox{}`` in ``text``; ``None`` if there is none.
 
     A box left unclosed (a truncated response) does not count.
     """
-    spans = _box_spans(text)
+    spans = _answer_boxes(text)
     return spans[-1][2] if spans else None
 
 
 def strip_last_boxed(text: str) -> str:
-    """``text`` without its last complete box: the reasoning, for novelty on reasoning only."""
-    spans = _box_spans(text)
+    """``text`` without its last non-empty box (text after it stays)."""
+    spans = _answer_boxes(text)
     if not spans:
         return text
     start, end, _ = spans[-1]
@@ -72,33 +105,84 @@ def last_number(text: str) -> str | None:
     return numbers[-1] if numbers else None
 
 
-def extract_answer(text: str, number_fallback: bool = True) -> str | None:
-    """The final answer of a response: last box content (stripped), else the last number if allowed."""
-    part = final_part(text)
-    boxed = last_boxed(part)
-    if boxed is not None:
-        return boxed.strip()
-    return last_number(part) if number_fallback else None
+def _fallback_number(text: str, rule: FallbackRule) -> re.Match | None:
+    """The match of the number the fallback reads: see the module docstring."""
+    if rule == "first_result":
+        result = _RESULT.search(text)
+        if result is not None:
+            return result
+    elif rule != "last_number":
+        raise ValueError(f"unknown fallback rule {rule!r}; choose one of {', '.join(FALLBACK_RULES)}")
+    numbers = list(_NUMBER.finditer(text))
+    return numbers[-1] if numbers else None
 
 
-def is_valid_response(text: str, rule: ValidRule = "digit", number_fallback: bool = False) -> bool:
-    """Whether a response counts for the vote and the novelty reward.
+def answer_offset(text: str) -> int:
+    """Where :func:`final_part` starts in ``text``."""
+    return len(text) - len(final_part(text))
 
-    ``digit`` (the paper's rule): a boxed answer containing a digit. ``nonempty``:
-    any non-empty boxed answer (for π, intervals, text, letters). ``any``: every
-    response is valid. With ``number_fallback`` a bare last number counts as a
-    boxed answer, for models that never write ``\\boxed{}``.
+
+def read_answer(text: str, number_fallback: bool = True, fallback_rule: FallbackRule = "last_number",
+                ) -> AnswerSpan | None:
+    """The final answer of a response and where it was read; ``None`` without one.
+
+    The last non-empty box of :func:`final_part` (its content stripped); without one, if ``number_fallback``, the
+    number ``fallback_rule`` picks there (``last_number`` or ``first_result``, module docstring).
     """
+    offset = answer_offset(text)
+    part = text[offset:]
+    boxes = _answer_boxes(part)
+    if boxes:
+        start, end, content = boxes[-1]
+        return AnswerSpan(content.strip(), offset + start, offset + end)
+    if not number_fallback:
+        return None
+    number = _fallback_number(part, fallback_rule)
+    if number is None:
+        return None
+    group = number.lastindex or 0  # first_result's match holds the number in group 1
+    return AnswerSpan(number.group(group), offset + number.start(group), offset + number.end(group))
+
+
+def extract_answer(text: str, number_fallback: bool = True, fallback_rule: FallbackRule = "last_number",
+                   ) -> str | None:
+    """The final answer of a response (:func:`read_answer`), or ``None``."""
+    span = read_answer(text, number_fallback, fallback_rule)
+    return span.answer if span is not None else None
+
+
+def has_trailing_text(text: str, span: AnswerSpan | None) -> bool:
+    """Whether a letter or digit follows the answer read at ``span`` (whitespace, punctuation and closing math
+    delimiters such as ``.`` or ``$`` do not count); ``False`` for a response without an answer."""
+    return span is not None and _WORD.search(text, span.end) is not None
+
+
+def is_valid_answer(answer: str | None, rule: ValidRule = "digit") -> bool:
+    """Whether a read answer (``None``: none) makes its response valid under ``rule``
+    (see :func:`is_valid_response`)."""
     if rule not in VALID_RULES:
         raise ValueError(f"unknown validity rule {rule!r}; choose one of {', '.join(VALID_RULES)}")
     if rule == "any":
         return True
-    answer = extract_answer(text, number_fallback=number_fallback)
     if answer is None:
         return False
     if rule == "digit":
         return any(ch.isdigit() for ch in answer)
     return answer != ""
+
+
+def is_valid_response(text: str, rule: ValidRule = "digit", number_fallback: bool = False,
+                      fallback_rule: FallbackRule = "last_number") -> bool:
+    """Whether a response counts for the vote and the novelty reward.
+
+    ``digit`` (the paper's rule): a boxed answer containing a digit. ``nonempty``:
+    any non-empty boxed answer (for π, intervals, text, letters). ``any``: every
+    response is valid. With ``number_fallback`` a bare number (``fallback_rule``) counts as a
+    boxed answer, for models that never write ``\\boxed{}``.
+    """
+    if rule not in VALID_RULES:
+        raise ValueError(f"unknown validity rule {rule!r}; choose one of {', '.join(VALID_RULES)}")
+    return is_valid_answer(extract_answer(text, number_fallback, fallback_rule), rule)
 
 
 _CHOICE_IN_BOX = re.compile(r"^\(?([A-Za-z])\)?(?:[\s.:)]|$)")

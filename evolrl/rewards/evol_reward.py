@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from evolrl.rewards.answer_sheet import AnswerReward
-from evolrl.rewards.answers import ValidRule
+from evolrl.rewards.answers import FallbackRule, ValidRule
 from evolrl.rewards.novelty_bands import NoveltyBands
 from evolrl.settings import require
 from evolrl.types import RewardOutput, RolloutBatch
@@ -19,7 +19,9 @@ class EvolReward(AnswerReward):
             :class:`~evolrl.rewards.NoveltyBands`); ``None`` means ``NoveltyBands()``, the packaged
             all-MiniLM-L6-v2 with ``alpha`` 0.5 on the whole response.
         valid_rule: ``digit`` (paper), ``nonempty`` or ``any``.
-        number_fallback: Accept a bare last number as the boxed answer.
+        number_fallback: Accept a bare number as the boxed answer.
+        fallback_rule: Which number the fallback reads: ``last_number`` or ``first_result`` (see
+            :mod:`evolrl.rewards.answers`).
     """
 
     def __init__(
@@ -27,23 +29,19 @@ class EvolReward(AnswerReward):
         novelty: NoveltyBands | None = None,
         valid_rule: ValidRule = "digit",
         number_fallback: bool = False,
+        fallback_rule: FallbackRule = "last_number",
     ) -> None:
-        super().__init__(valid_rule, number_fallback)
+        super().__init__(valid_rule, number_fallback, fallback_rule)
         require(novelty is None or isinstance(novelty, NoveltyBands), "EvolReward.novelty", novelty,
                 "an evolrl.rewards.NoveltyBands or null for the default one")
         self.bands = novelty if novelty is not None else NoveltyBands()
 
     def __call__(self, batch: RolloutBatch) -> RewardOutput:
         sheet = self.read(batch)
-        rewards, novelty = self.bands(batch, sheet.majority, sheet.valid)
+        rewards, novelty = self.bands(batch, sheet.majority, sheet.valid, spans=sheet.spans)
         return RewardOutput(
             rewards=rewards,
             answers=sheet.answers,
             labels=sheet.labels,
-            components={
-                "valid": sheet.valid,
-                "majority": sheet.majority,
-                "novelty": novelty,
-                "answer_class": sheet.answer_class,
-            },
+            components={**sheet.components(), "novelty": novelty},
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from evolrl.rewards.answer_sheet import AnswerReward
-from evolrl.rewards.answers import ValidRule
+from evolrl.rewards.answers import FallbackRule, ValidRule
 from evolrl.types import RewardOutput, RolloutBatch
 
 
@@ -12,11 +12,14 @@ class MajorityVoteReward(AnswerReward):
 
     Args:
         valid_rule: Which responses take part in the vote (``any``: all with an answer, as in TTRL).
-        number_fallback: Read the last number as the answer when there is no ``\\boxed{}``.
+        number_fallback: Read a number as the answer when there is no ``\\boxed{}``.
+        fallback_rule: Which number the fallback reads: ``last_number`` or ``first_result`` (see
+            :mod:`evolrl.rewards.answers`).
     """
 
-    def __init__(self, valid_rule: ValidRule = "any", number_fallback: bool = True) -> None:
-        super().__init__(valid_rule, number_fallback)
+    def __init__(self, valid_rule: ValidRule = "any", number_fallback: bool = True,
+                 fallback_rule: FallbackRule = "last_number") -> None:
+        super().__init__(valid_rule, number_fallback, fallback_rule)
 
     def __call__(self, batch: RolloutBatch) -> RewardOutput:
         sheet = self.read(batch)
@@ -24,5 +27,5 @@ class MajorityVoteReward(AnswerReward):
             rewards=sheet.majority.float(),
             answers=sheet.answers,
             labels=sheet.labels,
-            components={"valid": sheet.valid, "majority": sheet.majority, "answer_class": sheet.answer_class},
+            components=sheet.components(),
         )

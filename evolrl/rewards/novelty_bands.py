@@ -5,23 +5,38 @@ novelty (:mod:`evolrl.rewards.novelty`) to non-overlapping reward bands around a
 (the majority for :class:`~evolrl.rewards.EvolReward`, the correct answers for
 :class:`~evolrl.rewards.VerifierReward`). The novelty settings are declared here only; the rewards
 take one ``NoveltyBands``.
+
+Which text is embedded (``novelty_text``): the paper embeds "the reasoning part of each response" (its section 3.2
+and the appendix on the novelty score) without saying where that part ends; the default, ``response``, embeds the
+whole response (after ``</think>`` when there is one). That suits reasoning traces, where two responses with the
+same answer differ in how they got there. When the answer is one line ("9 + 11 = 20"), the only way for a response
+to be novel is text written *after* the answer, and the min-max normalization inside a group stretches that
+difference, however meaningless, over the whole band: the reward pays for trailing text and ranks the clean answer
+last whenever the group agrees. ``until_answer``, a narrower reading of "the reasoning part", embeds the response
+only up to where its final answer was read (the reward's own :class:`~evolrl.rewards.answers.AnswerSpan`: before
+the last non-empty box, or before the number the fallback read), without the answer and without anything after it,
+so trailing text cannot change a response's novelty.
+A response with no answer (valid only under ``valid_rule: any``) is embedded whole. A response that is only its
+answer ("\\boxed{20}") is embedded as the empty string: all such responses share one embedding, so they are
+equally novel among themselves (a group of them alone gets the middle of its band).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from evolrl.rewards.answers import final_part, strip_last_boxed
+from evolrl.rewards.answers import AnswerSpan, answer_offset, final_part, strip_last_boxed
 from evolrl.rewards.embedders import Embedder, SentenceTransformerEmbedder
 from evolrl.rewards.novelty import band_rewards, novelty_scores
 from evolrl.settings import check_choice, check_float, require
 from evolrl.types import RolloutBatch
 
-NoveltyText = Literal["response", "reasoning"]
-NOVELTY_TEXTS: tuple[str, ...] = ("response", "reasoning")
+NoveltyText = Literal["response", "reasoning", "until_answer"]
+NOVELTY_TEXTS: tuple[str, ...] = ("response", "reasoning", "until_answer")
 
 
 class NoveltyBands:
@@ -35,7 +50,8 @@ class NoveltyBands:
             (the paper used ``Qwen/Qwen3-Embedding-4B``).
         alpha: Weight of the intra-group mean similarity against the max similarity, in [0, 1].
         novelty_text: ``response``: the text after ``</think>`` (or all of it);
-            ``reasoning``: the same without its final boxed answer.
+            ``reasoning``: the same without its final boxed answer; ``until_answer``: the same up to where
+            its final answer was read, without the answer and anything after it (module docstring).
     """
 
     def __init__(self, embedder: Embedder | None = None, alpha: float = 0.5, novelty_text: NoveltyText = "response"):
@@ -47,22 +63,32 @@ class NoveltyBands:
         self.alpha = alpha
         self.novelty_text = novelty_text
 
-    def text_for_novelty(self, response: str) -> str:
+    def text_for_novelty(self, response: str, span: AnswerSpan | None = None) -> str:
+        """The text embedded for ``response``; ``span``: where its answer was read (``until_answer`` only)."""
+        if self.novelty_text == "until_answer":
+            return response[answer_offset(response) : span.start] if span is not None else final_part(response)
         part = final_part(response)
         return strip_last_boxed(part) if self.novelty_text == "reasoning" else part
 
-    def embed(self, batch: RolloutBatch, valid: Tensor) -> Tensor:
+    def embed(self, batch: RolloutBatch, valid: Tensor,
+              spans: Sequence[Sequence[AnswerSpan | None]] | None = None) -> Tensor:
         """``[P, V, D]`` embeddings; zeros at invalid responses, which are never embedded."""
+        if self.novelty_text == "until_answer" and spans is None:
+            raise ValueError("NoveltyBands(novelty_text='until_answer') embeds up to each response's answer: pass "
+                             "the spans the reward read the answers at (AnswerSheet.spans)")
         positions = valid.nonzero().tolist()
         if not positions:
             return torch.zeros(*valid.shape, 1)
-        texts = [self.text_for_novelty(batch.groups[p].texts[v]) for p, v in positions]
+        texts = [self.text_for_novelty(batch.groups[p].texts[v], spans[p][v] if spans is not None else None)
+                 for p, v in positions]
         vectors = self.embedder.embed(texts)  # [N_valid, D]
         out = torch.zeros(*valid.shape, vectors.shape[-1], dtype=vectors.dtype)
         out[valid] = vectors  # nonzero() and boolean indexing share row-major order
         return out
 
-    def __call__(self, batch: RolloutBatch, selected: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
-        """``(rewards, novelty)``, each ``[P, V]``; ``selected`` marks the upper band (majority or correct)."""
-        novelty = novelty_scores(self.embed(batch, valid), selected, valid, self.alpha)
+    def __call__(self, batch: RolloutBatch, selected: Tensor, valid: Tensor,
+                 spans: Sequence[Sequence[AnswerSpan | None]] | None = None) -> tuple[Tensor, Tensor]:
+        """``(rewards, novelty)``, each ``[P, V]``; ``selected`` marks the upper band (majority or correct);
+        ``spans``: where each answer was read, ``[P][V]`` (needed by ``until_answer``)."""
+        novelty = novelty_scores(self.embed(batch, valid, spans), selected, valid, self.alpha)
         return band_rewards(novelty, selected, valid), novelty

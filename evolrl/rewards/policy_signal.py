@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from evolrl.rewards.answer_sheet import AnswerReward
-from evolrl.rewards.answers import ValidRule
+from evolrl.rewards.answers import FallbackRule, ValidRule
 from evolrl.types import RewardOutput, RolloutBatch
 
 
@@ -63,13 +63,16 @@ class PolicyReward(AnswerReward):
 
     Args:
         valid_rule: Which answers take part in the diagnostics' vote.
-        number_fallback: Read the last number as the answer when there is no ``\\boxed{}``.
+        number_fallback: Read a number as the answer when there is no ``\\boxed{}``.
+        fallback_rule: Which number the fallback reads: ``last_number`` or ``first_result`` (see
+            :mod:`evolrl.rewards.answers`).
     """
 
     needs_policy = True
 
-    def __init__(self, valid_rule: ValidRule = "any", number_fallback: bool = True) -> None:
-        super().__init__(valid_rule, number_fallback)
+    def __init__(self, valid_rule: ValidRule = "any", number_fallback: bool = True,
+                 fallback_rule: FallbackRule = "last_number") -> None:
+        super().__init__(valid_rule, number_fallback, fallback_rule)
 
     def __call__(self, batch: RolloutBatch, policy: PolicySignal | None = None) -> RewardOutput:
         if policy is None:
@@ -80,8 +83,7 @@ class PolicyReward(AnswerReward):
         scored = policy.per_response(score, batch.group_size)
         return RewardOutput(
             rewards=scored, answers=sheet.answers, labels=sheet.labels,
-            components={"valid": sheet.valid, "majority": sheet.majority, "answer_class": sheet.answer_class,
-                        name: scored},
+            components={**sheet.components(), name: scored},
         )
 
     @abstractmethod

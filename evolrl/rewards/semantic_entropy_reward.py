@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from evolrl.rewards.answer_sheet import AnswerReward
-from evolrl.rewards.answers import ValidRule
+from evolrl.rewards.answers import FallbackRule, ValidRule
 from evolrl.types import RewardOutput, RolloutBatch
 
 
@@ -22,11 +22,14 @@ class SemanticEntropyReward(AnswerReward):
 
     Args:
         valid_rule: Which responses have an answer that counts (``any``: all with an answer).
-        number_fallback: Read the last number as the answer when there is no ``\\boxed{}``.
+        number_fallback: Read a number as the answer when there is no ``\\boxed{}``.
+        fallback_rule: Which number the fallback reads: ``last_number`` or ``first_result`` (see
+            :mod:`evolrl.rewards.answers`).
     """
 
-    def __init__(self, valid_rule: ValidRule = "any", number_fallback: bool = True) -> None:
-        super().__init__(valid_rule, number_fallback)
+    def __init__(self, valid_rule: ValidRule = "any", number_fallback: bool = True,
+                 fallback_rule: FallbackRule = "last_number") -> None:
+        super().__init__(valid_rule, number_fallback, fallback_rule)
 
     def __call__(self, batch: RolloutBatch) -> RewardOutput:
         sheet = self.read(batch)
@@ -35,6 +38,5 @@ class SemanticEntropyReward(AnswerReward):
         share = same.sum(-1).float() / classes.shape[1]  # [P, V]
         return RewardOutput(
             rewards=share, answers=sheet.answers, labels=sheet.labels,
-            components={"valid": sheet.valid, "majority": sheet.majority, "answer_class": classes,
-                        "cluster_share": share},
+            components={**sheet.components(), "cluster_share": share},
         )

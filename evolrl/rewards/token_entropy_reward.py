@@ -19,7 +19,9 @@ class TokenEntropyReward(PolicyReward):
 
     Args:
         valid_rule: Which answers take part in the diagnostics' vote (not in the reward).
-        number_fallback: Read the last number as the answer when there is no ``\\boxed{}``.
+        number_fallback: Read a number as the answer when there is no ``\\boxed{}``.
+        fallback_rule: Which number the fallback reads: ``last_number`` or ``first_result`` (see
+            :mod:`evolrl.rewards.answers`).
     """
 
     def policy_rewards(self, policy: PolicySignal) -> tuple[Tensor, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from evolrl.rewards.answer_sheet import AnswerReward
-from evolrl.rewards.answers import ValidRule
+from evolrl.rewards.answers import FallbackRule, ValidRule
 from evolrl.rewards.equivalence import answers_equivalent
 from evolrl.rewards.novelty_bands import NoveltyBands
 from evolrl.settings import require
@@ -22,7 +22,9 @@ class VerifierReward(AnswerReward):
         novelty: ``None``: the plain 0/1 verifier. A :class:`~evolrl.rewards.NoveltyBands` (embedder,
             ``alpha``, ``novelty_text``): EVOL-RL's novelty bands on correct/incorrect.
         valid_rule: ``digit``, ``nonempty`` or ``any``.
-        number_fallback: Accept a bare last number as the answer.
+        number_fallback: Accept a bare number as the answer.
+        fallback_rule: Which number the fallback reads: ``last_number`` or ``first_result`` (see
+            :mod:`evolrl.rewards.answers`).
     """
 
     def __init__(
@@ -30,8 +32,9 @@ class VerifierReward(AnswerReward):
         novelty: NoveltyBands | None = None,
         valid_rule: ValidRule = "nonempty",
         number_fallback: bool = False,
+        fallback_rule: FallbackRule = "last_number",
     ) -> None:
-        super().__init__(valid_rule, number_fallback)
+        super().__init__(valid_rule, number_fallback, fallback_rule)
         require(novelty is None or isinstance(novelty, NoveltyBands), "VerifierReward.novelty", novelty,
                 "an evolrl.rewards.NoveltyBands, or null for the plain 0/1 verifier")
         self.bands = novelty
@@ -52,11 +55,10 @@ class VerifierReward(AnswerReward):
             ],
             dtype=torch.bool,
         )
-        components = {"valid": sheet.valid, "majority": sheet.majority, "correct": correct,
-                      "answer_class": sheet.answer_class}
+        components = {**sheet.components(), "correct": correct}
         if self.bands is None:
             rewards = correct.float()
         else:
-            rewards, components["novelty"] = self.bands(batch, correct, sheet.valid)
+            rewards, components["novelty"] = self.bands(batch, correct, sheet.valid, spans=sheet.spans)
         return RewardOutput(rewards=rewards, answers=sheet.answers, labels=tuple(p.answer for p in batch.prompts),
                             components=components)
