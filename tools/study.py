@@ -58,6 +58,9 @@ METHODS = {
 }
 """Method -> (label, overlay configs on top of ``BASE``). The study is the first two; the others are the other
 label-free methods, run side by side the same way (``--methods self_certainty token_entropy semantic_entropy``)."""
+TASKS = {"addition": [], "word": ["configs/study_reasoning.yaml"]}
+"""``--task`` -> overlay configs between ``BASE`` and the method's: additions in [0, 29] (configs/study.yaml's own) or
+the word problems ``probe --task word`` picked."""
 EVAL_SET = "heldout"
 INSTRUCTION = "Put your final answer within \\boxed{}."
 CANDIDATES = {
@@ -116,6 +119,11 @@ def run_overlay(out: Path, method: str, seed: int, smoke: bool, steps: int | Non
     return overlay
 
 
+def run_configs(task: str, method: str) -> list[str]:
+    """The configs a run of ``method`` on ``task`` composes, before its seed overlay."""
+    return BASE + TASKS[task] + METHODS[method][1]
+
+
 def run(a: argparse.Namespace) -> None:
     out = Path(a.out)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -131,7 +139,7 @@ def run(a: argparse.Namespace) -> None:
             overlay = directory.parent / f"seed{seed}.yaml"
             overlay.write_text(yaml.safe_dump(run_overlay(out, method, seed, a.smoke, a.steps)))
             start = time.perf_counter()
-            code = fit(BASE + METHODS[method][1] + [str(overlay)], directory, env)
+            code = fit(run_configs(a.task, method) + [str(overlay)], directory, env)
             seconds = time.perf_counter() - start
             if code:
                 sys.exit(f"{method} seed {seed} failed (exit {code}); its console: {directory / 'console.log'}")
@@ -335,18 +343,20 @@ def main() -> None:
     p.add_argument("command", choices=["probe", "run", "summary"])
     p.add_argument("--methods", nargs="+", default=["evol", "ttrl"], choices=list(METHODS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--out", default="runs/study", help="where the runs go")
+    p.add_argument("--out", help="where the runs go; default runs/study, with --task word runs/study_reasoning")
     p.add_argument("--smoke", action="store_true", help="run: 2 steps, one evaluation batch")
     p.add_argument("--steps", type=int, help="run: this many training steps instead of configs/study.yaml's 80")
     p.add_argument("--tail", type=int, default=10, help="summary: training curves averaged over this many steps")
     p.add_argument("--figure", default="docs/study.png", help="summary: where the figure goes")
-    p.add_argument("--task", choices=["addition", "word"], default="addition",
-                   help="probe: the addition candidates (CANDIDATES) or the word problems (WORD_CANDIDATES)")
+    p.add_argument("--task", choices=list(TASKS), default="addition",
+                   help="run: the task (TASKS); probe: the addition candidates (CANDIDATES) or the word problems "
+                        "(WORD_CANDIDATES)")
     p.add_argument("--candidates", nargs="+", type=int, help="probe --task word: these WORD_CANDIDATES (0-based)")
     p.add_argument("--samplings", nargs="+", choices=list(SAMPLINGS), default=list(SAMPLINGS),
                    help="probe --task word: pass@k at the first, the vote and response measures at the last")
     p.add_argument("--problems", type=int, default=32, help="probe --task word: problems per task")
     a = p.parse_args()
+    a.out = a.out or {"addition": "runs/study", "word": "runs/study_reasoning"}[a.task]
     if a.steps is not None and a.steps < 1:
         p.error(f"--steps {a.steps}: a run needs at least 1 training step")
     {"probe": probe, "run": run, "summary": summary}[a.command](a)
