@@ -48,7 +48,8 @@ def test_tokens_before_the_answer_count_the_prefix(tokenizer):
 
 def test_measures_of_written_rows(tokenizer):
     rows = [{"truth": "9", "responses": [{"text": "so 9", "tokens": [1, 2, 3]}, {"text": "no", "tokens": [1]}]},
-            {"truth": "9", "responses": [{"text": "1 + 2 = 3", "tokens": [1, 2, 3, 4, 5]}, {"text": "7", "tokens": [1]}]},
+            {"truth": "9", "responses": [{"text": "1 + 2 = 3", "tokens": [1, 2, 3, 4, 5]},
+                                         {"text": "7", "tokens": [1]}]},
             {"truth": "4", "responses": [{"text": "x", "tokens": None}, {"text": "x", "tokens": None}]}]
     m = response_measures(rows, tokenizer)
     assert m["guess"] == pytest.approx(2 / 3)  # "9" is the truth of 2 of the 3 problems
@@ -69,7 +70,8 @@ def test_eval_responses_writes_every_response_of_a_validate_run(tiny_model, tmp_
                         callbacks=[EvalResponses(output_dir=str(tmp_path))])
     trainer.validate(module, data, verbose=False)
     rows = read_rows(tmp_path / "val_responses_step0.jsonl")
-    assert [(r["id"], r["question"], r["truth"]) for r in rows] == [(p.id, p.question, p.answer) for p in problems.load()]
+    expected = [(p.id, p.question, p.answer) for p in problems.load()]
+    assert [(r["id"], r["question"], r["truth"]) for r in rows] == expected
     tokenizer = load_tokenizer(tiny_model)
     for row in rows:
         assert row["dataset"] == "word" and len(row["responses"]) == 2

@@ -34,7 +34,8 @@ def test_steps_below_one_fail_at_start_naming_the_value():
 
 
 def test_the_word_task_composes_its_overlay_between_the_study_and_the_method():
-    assert study.run_configs("addition", "ttrl") == ["configs/demo.yaml", "configs/study.yaml", "configs/demo_ttrl.yaml"]
+    assert study.run_configs("addition", "ttrl") == ["configs/demo.yaml", "configs/study.yaml",
+                                                     "configs/demo_ttrl.yaml"]
     assert study.run_configs("word", "evol") == ["configs/demo.yaml", "configs/study.yaml",
                                                  "configs/study_reasoning.yaml"]
 

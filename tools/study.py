@@ -4,6 +4,8 @@
     python tools/study.py run              # every method x 3 seeds, resumable run by run (~25 min a run, 2 cores)
     python tools/study.py summary          # the table at the last evaluation (mean +- sd) and docs/study.png
     python tools/study.py run --smoke      # 2 training steps of each method, one seed, one evaluation batch (CI)
+    python tools/study.py probe --task word   # the base model on word problems with room to reason (WORD_CANDIDATES)
+    python tools/study.py run --task word     # the same runs on the word problems (configs/study_reasoning.yaml)
     python tools/study.py run --methods self_certainty token_entropy semantic_entropy --seeds 0   # the others
     python tools/study.py run --methods evol ttrl self_certainty token_entropy semantic_entropy --seeds 0 \
         --steps 12 --out runs/family   # every method side by side at the demo's length (~6 min a run)
@@ -18,7 +20,12 @@ log directory ``<out>/<method>/seed<S>``. The methods differ only where their ov
 ``probe`` evaluates the untrained model on each candidate task of ``CANDIDATES`` with ``python -m evolrl validate``:
 at the evaluation sampling (temperature 0.6, top-p 0.95) pass@1, pass@8, pass@16 and maj@16 of 16 samples, and at the
 training sampling (temperature 0.7, 16 samples: the vote of one training group) maj@16, which is how often the
-majority label a TTRL/EVOL-RL group votes for is right.
+majority label a TTRL/EVOL-RL group votes for is right. ``probe --task word`` runs one validate per
+``WORD_CANDIDATES`` task and sampling (``--samplings``; each candidate has its own system prompt and length), with
+``EvalResponses`` writing every response: pass@1, pass@16 and maj@16 at the first sampling, and at the last the vote's
+accuracy beside a constant guess (the most frequent true answer's share), the share of responses with an answer and
+the median tokens before it (``tools/probe_responses.py``). A finished validate is not run again: delete its folder
+under ``<out>/probe`` or ``<out>/probe_word`` to measure it anew.
 
 ``summary`` reads the TensorBoard event files: held-out pass@1, pass@16, maj@16 before training and at the last
 evaluation, the step the collapse monitor flagged (``CollapseMonitor`` in configs/study.yaml; how many runs had one),
@@ -245,9 +252,9 @@ def probe_overlay(out: Path, name: str, temperature: float, top_p: float, sets: 
     pass@k and maj@16 table and (for word problems) every response written beside it; ``data``: further data
     settings (the system prompt)."""
     if sets is None:
-        sets = [{"class_path": "evolrl.data.EvalSet",
-                 "init_args": {"name": f"task{i}", "source": {"class_path": "evolrl.data.AdditionPrompts", "init_args": {
-                     "count": 32, "seed": 1, "instruction": INSTRUCTION, **settings}}}}
+        sets = [{"class_path": "evolrl.data.EvalSet", "init_args": {"name": f"task{i}", "source": {
+            "class_path": "evolrl.data.AdditionPrompts",
+            "init_args": {"count": 32, "seed": 1, "instruction": INSTRUCTION, **settings}}}}
                 for i, settings in enumerate(CANDIDATES.values())]
     callbacks = [{"class_path": "evolrl.callbacks.PassAtK", "init_args": {"pass_ks": [1, 8, 16], "maj_ks": [16]}}]
     if data:
@@ -314,8 +321,9 @@ def probe_word(a: argparse.Namespace) -> None:
     rows = []
     for i, name in ((list(WORD_CANDIDATES).index(n), n) for n in names):
         task = WORD_CANDIDATES[name]
-        sets = [{"class_path": "evolrl.data.EvalSet", "init_args": {"name": "task", "source": {
-            "class_path": "evolrl.data.WordProblems", "init_args": {"count": a.problems, "seed": 1, **task["source"]}}}}]
+        source = {"class_path": "evolrl.data.WordProblems",
+                  "init_args": {"count": a.problems, "seed": 1, **task["source"]}}
+        sets = [{"class_path": "evolrl.data.EvalSet", "init_args": {"name": "task", "source": source}}]
         cells = {}
         for sampling in a.samplings:
             temperature, top_p = SAMPLINGS[sampling]
@@ -331,8 +339,8 @@ def probe_word(a: argparse.Namespace) -> None:
                     f"| {t['guess']:.3f} | {t['answered']:.2f} | {t['tokens before answer']:.0f} "
                     f"| {t['response tokens']:.0f} |")
     first, last = (f"T {SAMPLINGS[s][0]}, top-p {SAMPLINGS[s][1]}" for s in (a.samplings[0], a.samplings[-1]))
-    print(f"| task | pass@1 | pass@16 | maj@16 | label accuracy (vote of 16) | guess (most frequent truth) "
-          f"| answered | median tokens before the answer | median response tokens |\n" + "|---" * 9 + "|")
+    print("| task | pass@1 | pass@16 | maj@16 | label accuracy (vote of 16) | guess (most frequent truth) "
+          "| answered | median tokens before the answer | median response tokens |\n" + "|---" * 9 + "|")
     print("\n".join(rows))
     print(f"\n{a.problems} problems per task (WordProblems seed 1), 16 samples each, {ROOT / BASE[0]}'s model; "
           f"pass@k and maj@16 at {first}, the rest at {last}")
