@@ -67,7 +67,7 @@ METHODS = {
 label-free methods, run side by side the same way (``--methods self_certainty token_entropy semantic_entropy``)."""
 TASKS = {"addition": [], "word": ["configs/study_reasoning.yaml"]}
 """``--task`` -> overlay configs between ``BASE`` and the method's: additions in [0, 29] (configs/study.yaml's own) or
-the word problems ``probe --task word`` picked."""
+the word problems of configs/study_reasoning.yaml (the first of ``WORD_CANDIDATES``)."""
 EVAL_SET = "heldout"
 INSTRUCTION = "Put your final answer within \\boxed{}."
 CANDIDATES = {
