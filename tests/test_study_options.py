@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import yaml
 
 TOOL = Path(__file__).parent.parent / "tools" / "study.py"
 spec = importlib.util.spec_from_file_location("study", TOOL)
@@ -36,3 +39,32 @@ def test_the_summary_reads_the_trailing_fraction_beside_entropy_and_length():
     numbers = study.run_numbers(scalars, tail=2)
     assert numbers["trailing_fraction first 2"] == 0.25 and numbers["trailing_fraction last 2"] == 0.75
     assert list(numbers).index("trailing_fraction last 2") > list(numbers).index("response_length last 2")
+
+
+def test_the_word_task_composes_its_overlay_between_the_study_and_the_method():
+    assert study.run_configs("addition", "ttrl") == ["configs/demo.yaml", "configs/study.yaml",
+                                                     "configs/demo_ttrl.yaml"]
+    assert study.run_configs("word", "evol") == ["configs/demo.yaml", "configs/study.yaml",
+                                                 "configs/study_reasoning.yaml"]
+
+
+def test_the_reasoning_config_parses_on_top_of_the_study():
+    """The CLI resolves the three files; the word-problem sources it names build and differ only by seed."""
+    from evolrl.data import WordProblems
+
+    root = TOOL.parent.parent
+    args = [sys.executable, "-m", "evolrl", "fit", "--print_config"]
+    for config in study.run_configs("word", "ttrl"):
+        args += ["--config", config]
+    result = subprocess.run(args, cwd=root, capture_output=True, text=True, check=False, timeout=600,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = yaml.safe_load(result.stdout)
+    train, held_out = config["data"]["train"], config["data"]["eval_sets"][0]["init_args"]["source"]
+    assert train["class_path"] == held_out["class_path"] == "evolrl.data.WordProblems"
+    assert config["data"]["sampling"]["max_new_tokens"] >= 128 and config["data"]["system_prompt"]
+    assert config["model"]["reward"]["class_path"] == "evolrl.rewards.MajorityVoteReward"  # the method's overlay
+    train_set, eval_set = WordProblems(**train["init_args"]).load(), WordProblems(**held_out["init_args"]).load()
+    assert {k: v for k, v in train["init_args"].items() if k not in ("seed", "count")} == \
+        {k: v for k, v in held_out["init_args"].items() if k not in ("seed", "count")}
+    assert not {p.question for p in eval_set} <= {p.question for p in train_set}

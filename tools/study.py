@@ -5,6 +5,8 @@
     python tools/study.py summary          # the table at the last evaluation (mean +- sd) and docs/study.png
     python tools/study.py run --smoke      # 2 training steps of each method, one seed, one evaluation batch (CI)
     python tools/study.py rewards          # what each reward pays a clean answer vs one with trailing text (1 min)
+    python tools/study.py probe --task word   # the base model on word problems with room to reason (WORD_CANDIDATES)
+    python tools/study.py run --task word     # the same runs on the word problems (configs/study_reasoning.yaml)
     python tools/study.py run --methods self_certainty token_entropy semantic_entropy --seeds 0   # the others
     python tools/study.py run --methods evol ttrl self_certainty token_entropy semantic_entropy --seeds 0 \
         --steps 12 --out runs/family   # every method side by side at the demo's length (~6 min a run)
@@ -19,7 +21,12 @@ log directory ``<out>/<method>/seed<S>``. The methods differ only where their ov
 ``probe`` evaluates the untrained model on each candidate task of ``CANDIDATES`` with ``python -m evolrl validate``:
 at the evaluation sampling (temperature 0.6, top-p 0.95) pass@1, pass@8, pass@16 and maj@16 of 16 samples, and at the
 training sampling (temperature 0.7, 16 samples: the vote of one training group) maj@16, which is how often the
-majority label a TTRL/EVOL-RL group votes for is right.
+majority label a TTRL/EVOL-RL group votes for is right. ``probe --task word`` runs one validate per
+``WORD_CANDIDATES`` task and sampling (``--samplings``; each candidate has its own system prompt and length), with
+``EvalResponses`` writing every response: pass@1, pass@16 and maj@16 at the first sampling, and at the last the vote's
+accuracy beside a constant guess (the most frequent true answer's share), the share of responses with an answer and
+the median tokens before it (``tools/probe_responses.py``). A finished validate is not run again: delete its folder
+under ``<out>/probe`` or ``<out>/probe_word`` to measure it anew.
 
 ``summary`` reads the TensorBoard event files: held-out pass@1, pass@16, maj@16 before training and at the last
 evaluation, the step the collapse monitor flagged (``CollapseMonitor`` in configs/study.yaml; how many runs had one),
@@ -60,6 +67,9 @@ METHODS = {
 }
 """Method -> (label, overlay configs on top of ``BASE``). The study is the first two; the others are the other
 label-free methods, run side by side the same way (``--methods self_certainty token_entropy semantic_entropy``)."""
+TASKS = {"addition": [], "word": ["configs/study_reasoning.yaml"]}
+"""``--task`` -> overlay configs between ``BASE`` and the method's: additions in [0, 29] (configs/study.yaml's own) or
+the word problems of configs/study_reasoning.yaml (the first of ``WORD_CANDIDATES``)."""
 EVAL_SET = "heldout"
 INSTRUCTION = "Put your final answer within \\boxed{}."
 CANDIDATES = {
@@ -70,6 +80,26 @@ CANDIDATES = {
     "3 terms, 0-9": {"max_operand": 9, "terms": 3},
 }
 """Candidate tasks for ``probe``: ``AdditionPrompts`` settings."""
+STEP_BY_STEP = "Solve the problem step by step. Then write the final answer as a number."
+WORD_INSTRUCTION = "Think step by step."
+WORD_CANDIDATES = {
+    "2 steps, 1-9, step-by-step system prompt": {
+        "source": {"steps": 2, "max_number": 9, "instruction": WORD_INSTRUCTION},
+        "system_prompt": STEP_BY_STEP, "max_new_tokens": 192},
+    "3 steps, 1-9, step-by-step system prompt": {
+        "source": {"steps": 3, "max_number": 9, "instruction": WORD_INSTRUCTION},
+        "system_prompt": STEP_BY_STEP, "max_new_tokens": 192},
+    "2 steps, 1-9, the model's system prompt": {
+        "source": {"steps": 2, "max_number": 9, "instruction": WORD_INSTRUCTION},
+        "system_prompt": None, "max_new_tokens": 192},
+    "2 steps, 1-20, step-by-step system prompt": {
+        "source": {"steps": 2, "max_number": 20, "instruction": WORD_INSTRUCTION},
+        "system_prompt": STEP_BY_STEP, "max_new_tokens": 192},
+}
+"""Candidate reasoning tasks for ``probe --task word``: ``WordProblems`` settings, the system prompt (``None``: the
+model's own) and the new-token limit."""
+SAMPLINGS = {"evaluation": (0.6, 0.95), "training": (0.7, 1.0)}
+"""Sampling name -> (temperature, top-p): the held-out evaluation's and one training group's."""
 FINAL = ("pass@1", "pass@16", "maj@16")
 TRAIN = ("entropy", "response_length", "trailing_fraction", "majority_ratio", "label_accuracy")
 TIMES = ("step", "reward", "update")
@@ -98,6 +128,11 @@ def run_overlay(out: Path, method: str, seed: int, smoke: bool, steps: int | Non
     return overlay
 
 
+def run_configs(task: str, method: str) -> list[str]:
+    """The configs a run of ``method`` on ``task`` composes, before its seed overlay."""
+    return BASE + TASKS[task] + METHODS[method][1]
+
+
 def run(a: argparse.Namespace) -> None:
     out = Path(a.out)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -113,7 +148,7 @@ def run(a: argparse.Namespace) -> None:
             overlay = directory.parent / f"seed{seed}.yaml"
             overlay.write_text(yaml.safe_dump(run_overlay(out, method, seed, a.smoke, a.steps)))
             start = time.perf_counter()
-            code = fit(BASE + METHODS[method][1] + [str(overlay)], directory, env)
+            code = fit(run_configs(a.task, method) + [str(overlay)], directory, env)
             seconds = time.perf_counter() - start
             if code:
                 sys.exit(f"{method} seed {seed} failed (exit {code}); its console: {directory / 'console.log'}")
@@ -214,34 +249,59 @@ def summary(a: argparse.Namespace) -> None:
     print(f"figure: {figure}")
 
 
-def probe_overlay(out: Path, name: str, temperature: float, top_p: float) -> dict:
-    sets = [{"class_path": "evolrl.data.EvalSet",
-             "init_args": {"name": f"task{i}", "source": {"class_path": "evolrl.data.AdditionPrompts", "init_args": {
-                 "count": 32, "seed": 1, "instruction": INSTRUCTION, **settings}}}}
-            for i, settings in enumerate(CANDIDATES.values())]
+def probe_overlay(out: Path, name: str, temperature: float, top_p: float, sets: list[dict] | None = None,
+                  max_new_tokens: int = 48, **data) -> dict:
+    """A validate run's overlay: ``sets`` (default: every addition candidate) at this sampling, 16 samples each, its
+    pass@k and maj@16 table and (for word problems) every response written beside it; ``data``: further data
+    settings (the system prompt)."""
+    if sets is None:
+        sets = [{"class_path": "evolrl.data.EvalSet", "init_args": {"name": f"task{i}", "source": {
+            "class_path": "evolrl.data.AdditionPrompts",
+            "init_args": {"count": 32, "seed": 1, "instruction": INSTRUCTION, **settings}}}}
+                for i, settings in enumerate(CANDIDATES.values())]
+    callbacks = [{"class_path": "evolrl.callbacks.PassAtK", "init_args": {"pass_ks": [1, 8, 16], "maj_ks": [16]}}]
+    if data:
+        callbacks.append({"class_path": "evolrl.callbacks.EvalResponses"})
     return {
         "trainer": {"logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
                                "init_args": {"save_dir": str(out), "name": name}},
-                    "callbacks": [{"class_path": "evolrl.callbacks.PassAtK",
-                                   "init_args": {"pass_ks": [1, 8, 16], "maj_ks": [16]}}]},
+                    "callbacks": callbacks},
         "data": {"eval_sets": sets, "eval_samples": 16,
-                 "eval_sampling": {"temperature": temperature, "top_p": top_p, "max_new_tokens": 48}},
+                 "eval_sampling": {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens},
+                 **data},
     }
 
 
+def validate(out: Path, name: str, overlay: dict, env: dict) -> Path:
+    """``python -m evolrl validate`` on the demo's model with ``overlay``; the directory of its tables. A finished
+    one (its ``val_metrics.json`` there) is not run again, so an interrupted probe goes on where it stopped."""
+    done = list((out / name).rglob("val_metrics.json"))
+    if done:
+        return done[0].parent
+    if (out / name).exists():
+        shutil.rmtree(out / name)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(overlay))
+    args = [sys.executable, "-m", "evolrl", "validate", "--config", BASE[0], "--config", str(path)]
+    start = time.perf_counter()
+    with open(out / f"{name}.log", "w") as log:
+        if subprocess.run(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode:
+            sys.exit(f"probe ({name}) failed; see {out / f'{name}.log'}")
+    print(f"{name}: {(time.perf_counter() - start) / 60:.1f} min", flush=True)
+    return next((out / name).rglob("val_metrics.json")).parent
+
+
 def probe(a: argparse.Namespace) -> None:
+    if a.task == "word":
+        return probe_word(a)
     out = Path(a.out) / "probe"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     tables = {}
-    for name, temperature, top_p in (("evaluation", 0.6, 0.95), ("training", 0.7, 1.0)):
-        out.mkdir(parents=True, exist_ok=True)
-        overlay = out / f"{name}.yaml"
-        overlay.write_text(yaml.safe_dump(probe_overlay(out, name, temperature, top_p)))
-        args = [sys.executable, "-m", "evolrl", "validate", "--config", "configs/demo.yaml", "--config", str(overlay)]
-        with open(out / f"{name}.log", "w") as log:
-            if subprocess.run(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode:
-                sys.exit(f"probe ({name} sampling) failed; see {out / f'{name}.log'}")
-        tables[name] = json.loads(next((out / name).rglob("val_metrics.json")).read_text())
+    for name, (temperature, top_p) in SAMPLINGS.items():
+        directory = validate(out, name, probe_overlay(out, name, temperature, top_p), env)
+        tables[name] = json.loads((directory / "val_metrics.json").read_text())
     print("| task | pass@1 | pass@8 | pass@16 | maj@16 | label accuracy (vote of 16 at T 0.7) |")
     print("|---|---|---|---|---|---|")
     for i, name in enumerate(CANDIDATES):
@@ -258,12 +318,50 @@ def rewards(a: argparse.Namespace) -> None:
     print(report(groups_file=a.groups, sample=a.sample, save=a.save, fallback_rule=a.fallback_rule))
 
 
+def probe_word(a: argparse.Namespace) -> None:
+    """Each ``WORD_CANDIDATES`` task (or ``--candidates``) at each of ``--samplings``: one validate run each."""
+    from probe_responses import read_rows, response_measures
+
+    from evolrl.models import load_tokenizer
+
+    out = Path(a.out) / "probe_word"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    tokenizer = load_tokenizer(yaml.safe_load((ROOT / BASE[0]).read_text())["model"]["model"])
+    names = [list(WORD_CANDIDATES)[i] for i in a.candidates] if a.candidates else list(WORD_CANDIDATES)
+    rows = []
+    for i, name in ((list(WORD_CANDIDATES).index(n), n) for n in names):
+        task = WORD_CANDIDATES[name]
+        source = {"class_path": "evolrl.data.WordProblems",
+                  "init_args": {"count": a.problems, "seed": 1, **task["source"]}}
+        sets = [{"class_path": "evolrl.data.EvalSet", "init_args": {"name": "task", "source": source}}]
+        cells = {}
+        for sampling in a.samplings:
+            temperature, top_p = SAMPLINGS[sampling]
+            overlay = probe_overlay(out, f"word{i}/{sampling}", temperature, top_p, sets=sets,
+                                    max_new_tokens=task["max_new_tokens"], system_prompt=task["system_prompt"],
+                                    eval_prompts_per_batch=16)  # larger generate calls: more tokens/s on a CPU
+            directory = validate(out, f"word{i}/{sampling}", overlay, env)
+            table = json.loads((directory / "val_metrics.json").read_text())["task"]
+            measures = response_measures(read_rows(next(directory.glob("val_responses_step*.jsonl"))), tokenizer)
+            cells[sampling] = {**table, **measures}
+        e, t = cells[a.samplings[0]], cells[a.samplings[-1]]
+        rows.append(f"| {name} | {e['pass@1']:.3f} | {e['pass@16']:.3f} | {e['maj@16']:.3f} | {t['maj@16']:.3f} "
+                    f"| {t['guess']:.3f} | {t['answered']:.2f} | {t['tokens before answer']:.0f} "
+                    f"| {t['response tokens']:.0f} |")
+    first, last = (f"T {SAMPLINGS[s][0]}, top-p {SAMPLINGS[s][1]}" for s in (a.samplings[0], a.samplings[-1]))
+    print("| task | pass@1 | pass@16 | maj@16 | label accuracy (vote of 16) | guess (most frequent truth) "
+          "| answered | median tokens before the answer | median response tokens |\n" + "|---" * 9 + "|")
+    print("\n".join(rows))
+    print(f"\n{a.problems} problems per task (WordProblems seed 1), 16 samples each, {ROOT / BASE[0]}'s model; "
+          f"pass@k and maj@16 at {first}, the rest at {last}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=["probe", "run", "summary", "rewards"])
     p.add_argument("--methods", nargs="+", default=["evol", "ttrl"], choices=list(METHODS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--out", default="runs/study", help="where the runs go")
+    p.add_argument("--out", help="where the runs go; default runs/study, with --task word runs/study_reasoning")
     p.add_argument("--smoke", action="store_true", help="run: 2 steps, one evaluation batch")
     p.add_argument("--steps", type=int, help="run: this many training steps instead of configs/study.yaml's 80")
     p.add_argument("--tail", type=int, default=10, help="summary: training curves averaged over this many steps")
@@ -273,9 +371,21 @@ def main() -> None:
     p.add_argument("--save", help="rewards: write the sampled groups here (JSON, for --groups)")
     p.add_argument("--fallback-rule", default="last_number", choices=["last_number", "first_result"],
                    help="rewards: which number the answer fallback reads")
+    p.add_argument("--task", choices=list(TASKS), default="addition",
+                   help="run: the task (TASKS); probe: the addition candidates (CANDIDATES) or the word problems "
+                        "(WORD_CANDIDATES)")
+    p.add_argument("--candidates", nargs="+", type=int, help="probe --task word: these WORD_CANDIDATES (0-based)")
+    p.add_argument("--samplings", nargs="+", choices=list(SAMPLINGS), default=list(SAMPLINGS),
+                   help="probe --task word: pass@k at the first, the vote and response measures at the last")
+    p.add_argument("--problems", type=int, default=32, help="probe --task word: problems per task")
     a = p.parse_args()
+    a.out = a.out or {"addition": "runs/study", "word": "runs/study_reasoning"}[a.task]
     if a.sample < 0:
         p.error(f"--sample {a.sample}: the number of groups to sample is 0 or more")
+    if a.problems < 1:
+        p.error(f"--problems {a.problems}: a probe needs at least 1 problem")
+    if any(not 0 <= i < len(WORD_CANDIDATES) for i in a.candidates or []):
+        p.error(f"--candidates {a.candidates}: each is 0 to {len(WORD_CANDIDATES) - 1} (WORD_CANDIDATES)")
     if a.steps is not None and a.steps < 1:
         p.error(f"--steps {a.steps}: a run needs at least 1 training step")
     {"probe": probe, "run": run, "summary": summary, "rewards": rewards}[a.command](a)

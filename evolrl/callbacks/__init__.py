@@ -3,12 +3,14 @@
 from evolrl.callbacks.collapse import CollapseMonitor
 from evolrl.callbacks.contract import EvalView, TrainView, evolrl_eval_view, evolrl_train_view
 from evolrl.callbacks.diagnostics import LabelFreeDiagnostics
+from evolrl.callbacks.eval_responses import EvalResponses
 from evolrl.callbacks.pass_at_k import PassAtK
 from evolrl.callbacks.policy_stats import PolicyStats
 from evolrl.callbacks.samples import SampleLogger
 
 __all__ = [
     "CollapseMonitor",
+    "EvalResponses",
     "EvalView",
     "LabelFreeDiagnostics",
     "PassAtK",

@@ -66,6 +66,8 @@ class EvalView:
     ids: Sequence[str] | None = None
     """Problem ids, ``[problems]``: on several ranks a problem evaluated twice (the padding of Lightning's
     distributed sampler) then counts once."""
+    rollouts: RolloutBatch | None = None
+    """The sampled groups (questions, response texts and token ids), for callbacks that keep the responses."""
 
 
 def evolrl_train_view(outputs: Any, batch: Any) -> TrainView | None:
@@ -90,7 +92,7 @@ def evolrl_eval_view(outputs: Any, batch: Any) -> EvalView | None:
         return None
     rollouts = outputs.rollouts
     return EvalView(outputs.dataset, outputs.answers, outputs.correct, rollouts.weights_version,
-                    [p.id for p in rollouts.prompts])
+                    [p.id for p in rollouts.prompts], rollouts=rollouts)
 
 
 class TrainViewCallback(L.Callback):

@@ -5,6 +5,7 @@ from evolrl.data.datamodule import RolloutDataModule, RolloutRequest
 from evolrl.data.eval_set import EvalSet
 from evolrl.data.generated import AdditionPrompts
 from evolrl.data.sources import DataError, HubDataset, PromptFile, PromptSource
+from evolrl.data.word_problems import WordProblems
 
 __all__ = [
     "PAPER_SYSTEM_PROMPT",
@@ -16,5 +17,6 @@ __all__ = [
     "PromptSource",
     "RolloutDataModule",
     "RolloutRequest",
+    "WordProblems",
     "render_prompt",
 ]

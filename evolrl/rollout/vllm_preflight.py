@@ -24,7 +24,6 @@ import math
 
 import torch
 import torch.distributed as dist
-
 from torch import nn
 
 from evolrl.rollout.ranks import RankFailed, several_ranks
