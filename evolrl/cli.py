@@ -8,9 +8,15 @@ Every class (reward, embedder, engine, prompt source, logger, callbacks) is chos
 
 from __future__ import annotations
 
+import functools
+import inspect
+import operator
 import os
+import types
+import typing
 
 from jsonargparse import set_parsing_settings
+from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
 
 from evolrl.data.datamodule import RolloutDataModule
@@ -55,11 +61,32 @@ def _setting_error(err: BaseException | None) -> SettingError | None:
     return err
 
 
+def counts_stay_ints(function) -> None:
+    """Puts ``int`` before ``float`` in each ``int``/``float`` union among ``function``'s annotations, so that
+    ``limit_val_batches: 1`` is one batch, not ``1.0`` (all of them).
+
+    ``typing`` caches unions under keys that compare as sets, so ``Optional[Union[int, float]]`` in Lightning's
+    ``Trainer`` can come back as an ``Optional[Union[float, int]]`` that another module (e.g. Lightning's own
+    ``Fabric.clip_gradients``) made first, depending on what was imported and what the cache has evicted since.
+    jsonargparse tries a union's members in their order, so ``1`` then parses as ``1.0``. A PEP 604 union
+    (``int | float | None``) is built without that cache and keeps the order written here."""
+    annotations = inspect.unwrap(function).__annotations__
+    for name, hint in annotations.items():
+        members = typing.get_args(hint)
+        if typing.get_origin(hint) is not typing.Union or not {int, float} <= set(members):
+            continue
+        if not all(isinstance(m, (type, types.GenericAlias)) for m in members):
+            continue  # a member `|` would send back through typing's cache
+        ordered = [int, float] + [m for m in members if m not in (int, float)]
+        annotations[name] = functools.reduce(operator.or_, ordered)
+
+
 def main(args: list[str] | None = None, run: bool = True) -> EvolRLCLI:
     """The CLI on ``args`` (default: the command line); ``run=False`` only builds the module, data module and trainer
     from ``args`` without a subcommand (tools that must set up exactly what ``fit`` would)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     set_parsing_settings(docstring_parse_attribute_docstrings=True)  # dataclass field docs in --help
+    counts_stay_ints(Trainer.__init__)
     return EvolRLCLI(
         EvolRLModule,
         RolloutDataModule,
