@@ -68,3 +68,29 @@ def test_the_reasoning_config_parses_on_top_of_the_study():
     assert {k: v for k, v in train["init_args"].items() if k not in ("seed", "count")} == \
         {k: v for k, v in held_out["init_args"].items() if k not in ("seed", "count")}
     assert not {p.question for p in eval_set} <= {p.question for p in train_set}
+
+
+def test_the_study_ii_arms_differ_only_where_the_preregistration_says():
+    """The four arms of docs/study.md's Study II, as the CLI resolves them on the addition task."""
+
+    def resolved(method: str) -> dict:
+        args = [sys.executable, "-m", "evolrl", "fit", "--print_config"]
+        for config in study.run_configs("addition", method):
+            args += ["--config", config]
+        result = subprocess.run(args, cwd=TOOL.parent.parent, capture_output=True, text=True, check=False,
+                                timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert result.returncode == 0, result.stderr[-3000:]
+        config = yaml.safe_load(result.stdout)["model"]
+        reward = config["reward"]
+        novelty = (reward["init_args"].get("novelty") or {}).get("init_args", {}).get("novelty_text")
+        return {"reward": reward["class_path"].rsplit(".", 1)[1], "novelty_text": novelty,
+                "clip": (config["loss"]["clip_low"], config["loss"]["clip_high"]),
+                "entropy_coef": config["loss"]["entropy_coef"]}
+
+    arms = {m: resolved(m) for m in ("ttrl", "ttrl_clip_entropy", "evol", "evol_until")}
+    assert arms["ttrl"] == {"reward": "MajorityVoteReward", "novelty_text": None, "clip": (0.2, 0.2),
+                            "entropy_coef": 0.0}
+    assert arms["ttrl_clip_entropy"] == {**arms["ttrl"], "clip": (0.2, 0.28), "entropy_coef": 0.003}
+    assert arms["evol"] == {"reward": "EvolReward", "novelty_text": "response", "clip": (0.2, 0.28),
+                            "entropy_coef": 0.003}
+    assert arms["evol_until"] == {**arms["evol"], "novelty_text": "until_answer"}

@@ -61,12 +61,15 @@ BASE = ["configs/demo.yaml", "configs/study.yaml"]
 METHODS = {
     "evol": ("EVOL-RL", []),
     "ttrl": ("TTRL", ["configs/demo_ttrl.yaml"]),
+    "ttrl_clip_entropy": ("TTRL + clip-high + entropy", ["configs/demo_ttrl_clip_entropy.yaml"]),
+    "evol_until": ("EVOL-RL until answer", ["configs/demo_until_answer.yaml"]),
     "self_certainty": ("self-certainty (Intuitor)", ["configs/demo_self_certainty.yaml"]),
     "token_entropy": ("token entropy (RENT)", ["configs/demo_token_entropy.yaml"]),
     "semantic_entropy": ("semantic entropy (EMPO)", ["configs/demo_semantic_entropy.yaml"]),
 }
-"""Method -> (label, overlay configs on top of ``BASE``). The study is the first two; the others are the other
-label-free methods, run side by side the same way (``--methods self_certainty token_entropy semantic_entropy``)."""
+"""Method -> (label, overlay configs on top of ``BASE``). Study I is the first two, Study II the first four
+(``--methods evol ttrl ttrl_clip_entropy evol_until``); the others are the other label-free methods, run side by
+side the same way (``--methods self_certainty token_entropy semantic_entropy``)."""
 TASKS = {"addition": [], "word": ["configs/study_reasoning.yaml"]}
 """``--task`` -> overlay configs between ``BASE`` and the method's: additions in [0, 29] (configs/study.yaml's own) or
 the word problems of configs/study_reasoning.yaml (the first of ``WORD_CANDIDATES``)."""
