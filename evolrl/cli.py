@@ -19,6 +19,7 @@ from jsonargparse import set_parsing_settings
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
 
+from evolrl import cpu_bf16
 from evolrl.data.datamodule import RolloutDataModule
 from evolrl.rollout.engine_sync import check_engine
 from evolrl.settings import SettingError
@@ -29,6 +30,9 @@ class EvolRLCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         # One model string for the policy and the tokenizer.
         parser.link_arguments("model.model", "data.model")
+        parser.add_argument("--cpu_bf16", choices=cpu_bf16.CHOICES, default="auto",
+                            help="auto: on a CPU without native bf16 (no AVX-512 or AMX), run float32 where the config "
+                                 "asks for bf16 (trainer.precision, the engine's dtype); keep: run what it says")
 
     def before_instantiate_classes(self) -> None:
         # data.seed follows seed_everything unless set. Not a parser link: a linked key cannot be set by the user,
@@ -38,6 +42,7 @@ class EvolRLCLI(LightningCLI):
         if config.data.seed is None:
             seed = config.seed_everything
             config.data.seed = 0 if seed is False else int(seed)
+        cpu_bf16.warn(cpu_bf16.float32_where_bf16_is_emulated(config, native=cpu_bf16.native_bf16()))
 
     def instantiate_classes(self) -> None:
         # Settings are checked as each object is built (evolrl.settings): report a bad one as a usage error.

@@ -1,0 +1,64 @@
+"""``cpu_bf16``: a CPU run asked for bf16 runs float32 where the CPU has no native bf16, and says so."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from jsonargparse import Namespace
+
+from evolrl.cli import main
+from evolrl.cpu_bf16 import float32_where_bf16_is_emulated, native_bf16
+
+
+def parsed(accelerator="cpu", precision="bf16-mixed", dtype="bfloat16", choice="auto") -> Namespace:
+    engine = Namespace(class_path="evolrl.rollout.VLLMEngine", init_args=Namespace(dtype=dtype))
+    return Namespace(cpu_bf16=choice, trainer=Namespace(accelerator=accelerator, precision=precision),
+                     data=Namespace(engine=engine))
+
+
+def test_emulated_bf16_becomes_float32_in_the_trainer_and_the_engine():
+    config = parsed()
+    changes = float32_where_bf16_is_emulated(config, native=False)
+    assert changes == ["trainer.precision: bf16-mixed -> 32-true", "data.engine.init_args.dtype: bfloat16 -> float32"]
+    assert config.trainer.precision == "32-true" and config.data.engine.init_args.dtype == "float32"
+
+
+@pytest.mark.parametrize("case", ["native", "keep", "cuda", "float32 already"])
+def test_nothing_changes_with_native_bf16_keep_a_gpu_or_float32(case):
+    config = parsed(accelerator="cuda" if case == "cuda" else "cpu", choice="keep" if case == "keep" else "auto",
+                    precision="32-true" if case == "float32 already" else "bf16-mixed",
+                    dtype="float32" if case == "float32 already" else "bfloat16")
+    before = config.clone()
+    assert float32_where_bf16_is_emulated(config, native=case == "native") == []
+    assert config == before
+
+
+def _config(tmp_path, model: str) -> str:
+    config = {
+        "trainer": {"accelerator": "cpu", "precision": "bf16-mixed", "max_steps": 1, "logger": False,
+                    "enable_checkpointing": False},
+        "model": {"model": model, "batching": {"mini_batch_size": 2, "micro_batch_size": 2}},
+        "data": {"train": {"class_path": "evolrl.data.AdditionPrompts", "init_args": {"count": 4}},
+                 "engine": {"class_path": "evolrl.rollout.HFEngine"},
+                 "prompts_per_step": 1, "vote_samples": 2, "trained_samples": 2},
+    }
+    path = tmp_path / "bf16.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def test_the_cli_builds_the_trainer_with_what_this_cpu_computes(tmp_path, tiny_model, monkeypatch):
+    """Either branch, whichever this CPU takes: native bf16 keeps bf16-mixed, emulated runs 32-true."""
+    monkeypatch.setattr("sys.argv", ["evolrl"])
+    config = _config(tmp_path, tiny_model)
+    expected = "bf16-mixed" if native_bf16() else "32-true"
+    assert main(["--config", config], run=False).trainer.precision == expected
+    assert main(["--config", config, "--cpu_bf16", "keep"], run=False).trainer.precision == "bf16-mixed"
+
+
+def test_an_unknown_choice_fails_at_start_naming_the_choices(tmp_path, tiny_model, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["evolrl"])
+    with pytest.raises(SystemExit):
+        main(["--config", _config(tmp_path, tiny_model), "--cpu_bf16", "always"], run=False)
+    err = capsys.readouterr().err
+    assert "cpu_bf16" in err and "auto" in err and "keep" in err
