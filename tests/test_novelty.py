@@ -10,7 +10,7 @@ from evolrl.types import Prompt, ResponseGroup, RolloutBatch
 
 
 def oracle_rewards(emb, majority, valid, alpha=0.5):
-    """METHOD.md section 2 transcribed loop by loop, in float64, for one prompt."""
+    """docs/method.md, section 2, transcribed loop by loop, in float64, for one prompt."""
     v = len(valid)
     e = [[float(x) for x in row] for row in emb]
 

@@ -1,4 +1,4 @@
-"""The clipped policy-gradient surrogate with asymmetric and dual clipping (METHOD.md section 1.6)."""
+"""The clipped policy-gradient surrogate with asymmetric and dual clipping (docs/method.md, section 1.6)."""
 
 from __future__ import annotations
 

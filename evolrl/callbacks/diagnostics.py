@@ -1,4 +1,4 @@
-"""Label-free training diagnostics as a callback (METHOD.md section 3)."""
+"""Label-free training diagnostics as a callback (docs/method.md, section 3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Label-free training diagnostics (METHOD.md section 3), from one step's :class:`RewardOutput`.
+"""Label-free training diagnostics (docs/method.md, section 3), from one step's :class:`RewardOutput`.
 
 Everything here is computed without labels. When the ground truth happens to be
 known it is used for two extra numbers only: ``label_accuracy`` (is the majority

@@ -1,4 +1,4 @@
-"""EVOL-RL's novelty score and reward bands, batched over prompts (METHOD.md section 2).
+"""EVOL-RL's novelty score and reward bands, batched over prompts (docs/method.md, section 2).
 
 For prompt p with valid responses V', L2-normalized embeddings e and
 ``S = clip(e e^T, 0, 1)`` (self excluded):
