@@ -134,6 +134,23 @@ def tiny_config(tmp_path: Path, model: str, steps: int = 2, reward: str = "EvolR
     return path
 
 
+def build_config(tmp_path: Path, model: str, trainer: dict | None = None, **top) -> Path:
+    """The least ``evolrl.cli.main(..., run=False)`` builds from: one prompt a step, the Hugging Face engine, no
+    logger or checkpoints; ``trainer`` settings and top-level keys (e.g. ``seed_everything``) on top."""
+    config = {
+        "trainer": {"accelerator": "cpu", "max_steps": 1, "logger": False, "enable_checkpointing": False,
+                    "enable_progress_bar": False, "enable_model_summary": False, **(trainer or {})},
+        "model": {"model": model, "batching": {"mini_batch_size": 2, "micro_batch_size": 2}},
+        "data": {"train": {"class_path": "evolrl.data.AdditionPrompts", "init_args": {"count": 4}},
+                 "engine": {"class_path": "evolrl.rollout.HFEngine"},
+                 "prompts_per_step": 1, "vote_samples": 2, "trained_samples": 2},
+        **top,
+    }
+    path = tmp_path / "build.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def scalars(log_dir: Path) -> dict[str, list[float]]:
     files = glob.glob(str(log_dir / "**" / "events.out.tfevents.*"), recursive=True)
     assert files, f"no TensorBoard event file under {log_dir}"

@@ -11,7 +11,7 @@ import inspect
 import typing
 
 import pytest
-import yaml
+from helpers import build_config
 from lightning.pytorch import Trainer
 
 from evolrl.cli import counts_stay_ints, main
@@ -40,16 +40,8 @@ def test_a_float_first_union_is_reordered_int_first():
 
 def test_whole_numbers_reach_the_trainer_as_counts_and_fractions_as_fractions(float_first_trainer, tmp_path,
                                                                               tiny_model):
-    config = {
-        "trainer": {"accelerator": "cpu", "logger": False, "enable_checkpointing": False,
-                    "limit_train_batches": 2, "limit_val_batches": 1, "limit_test_batches": 0.5},
-        "model": {"model": tiny_model, "batching": {"mini_batch_size": 2, "micro_batch_size": 2}},
-        "data": {"train": {"class_path": "evolrl.data.AdditionPrompts", "init_args": {"count": 4}},
-                 "engine": {"class_path": "evolrl.rollout.HFEngine"},
-                 "prompts_per_step": 1, "vote_samples": 2, "trained_samples": 2},
-    }
-    path = tmp_path / "counts.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = build_config(tmp_path, tiny_model, trainer={"limit_train_batches": 2, "limit_val_batches": 1,
+                                                       "limit_test_batches": 0.5})
     for args in (["--config", str(path)], ["--config", str(path), "--trainer.limit_val_batches", "1"]):
         trainer = main(args, run=False).trainer
         assert (trainer.limit_train_batches, trainer.limit_val_batches, trainer.limit_test_batches) == (2, 1, 0.5)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-import yaml
+from helpers import build_config
 from jsonargparse import Namespace
 
 from evolrl.cli import main
@@ -33,24 +33,10 @@ def test_nothing_changes_with_native_bf16_keep_a_gpu_or_float32(case):
     assert config == before
 
 
-def _config(tmp_path, model: str) -> str:
-    config = {
-        "trainer": {"accelerator": "cpu", "precision": "bf16-mixed", "max_steps": 1, "logger": False,
-                    "enable_checkpointing": False},
-        "model": {"model": model, "batching": {"mini_batch_size": 2, "micro_batch_size": 2}},
-        "data": {"train": {"class_path": "evolrl.data.AdditionPrompts", "init_args": {"count": 4}},
-                 "engine": {"class_path": "evolrl.rollout.HFEngine"},
-                 "prompts_per_step": 1, "vote_samples": 2, "trained_samples": 2},
-    }
-    path = tmp_path / "bf16.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
-
-
 def test_the_cli_builds_the_trainer_with_what_this_cpu_computes(tmp_path, tiny_model, monkeypatch):
     """Either branch, whichever this CPU takes: native bf16 keeps bf16-mixed, emulated runs 32-true."""
     monkeypatch.setattr("sys.argv", ["evolrl"])
-    config = _config(tmp_path, tiny_model)
+    config = str(build_config(tmp_path, tiny_model, trainer={"precision": "bf16-mixed"}))
     expected = "bf16-mixed" if native_bf16() else "32-true"
     assert main(["--config", config], run=False).trainer.precision == expected
     assert main(["--config", config, "--cpu_bf16", "keep"], run=False).trainer.precision == "bf16-mixed"
@@ -59,6 +45,6 @@ def test_the_cli_builds_the_trainer_with_what_this_cpu_computes(tmp_path, tiny_m
 def test_an_unknown_choice_fails_at_start_naming_the_choices(tmp_path, tiny_model, monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["evolrl"])
     with pytest.raises(SystemExit):
-        main(["--config", _config(tmp_path, tiny_model), "--cpu_bf16", "always"], run=False)
+        main(["--config", str(build_config(tmp_path, tiny_model)), "--cpu_bf16", "always"], run=False)
     err = capsys.readouterr().err
     assert "cpu_bf16" in err and "auto" in err and "keep" in err

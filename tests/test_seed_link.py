@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import build_config
 
 from evolrl.cli import main
 
@@ -17,23 +18,8 @@ def _no_pytest_argv(monkeypatch):
     monkeypatch.setattr("sys.argv", ["evolrl"])  # the CLI gets its arguments from ``args`` alone
 
 
-def _config(tmp_path: Path, model: str, **top) -> Path:
-    config = {
-        "trainer": {"accelerator": "cpu", "max_steps": 1, "logger": False, "enable_checkpointing": False,
-                    "enable_progress_bar": False, "enable_model_summary": False},
-        "model": {"model": model, "batching": {"mini_batch_size": 2, "micro_batch_size": 2}},
-        "data": {"train": {"class_path": "evolrl.data.AdditionPrompts", "init_args": {"count": 4}},
-                 "engine": {"class_path": "evolrl.rollout.HFEngine"},
-                 "prompts_per_step": 1, "vote_samples": 2, "trained_samples": 2},
-        **top,
-    }
-    path = tmp_path / "seed.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
 def _built_seed(tmp_path: Path, model: str, *args: str, **top) -> int:
-    cli = main(["--config", str(_config(tmp_path, model, **top)), *args], run=False)
+    cli = main(["--config", str(build_config(tmp_path, model, **top)), *args], run=False)
     return cli.datamodule.seeds.seed
 
 
@@ -43,7 +29,7 @@ def test_data_seed_follows_seed_everything(tmp_path, tiny_model):
 
 
 def test_seed_everything_true_gives_the_data_module_the_drawn_seed(tmp_path, tiny_model):
-    cli = main(["--config", str(_config(tmp_path, tiny_model, seed_everything=True))], run=False)
+    cli = main(["--config", str(build_config(tmp_path, tiny_model, seed_everything=True))], run=False)
     drawn = cli.config.seed_everything
     assert isinstance(drawn, int) and not isinstance(drawn, bool)
     assert cli.datamodule.seeds.seed == drawn
@@ -59,7 +45,7 @@ def test_an_explicit_data_seed_wins(tmp_path, tiny_model):
 
 
 def test_the_saved_config_holds_the_resolved_seed(tmp_path, tiny_model):
-    cli = main(["fit", "--config", str(_config(tmp_path, tiny_model, seed_everything=9)),
+    cli = main(["fit", "--config", str(build_config(tmp_path, tiny_model, seed_everything=9)),
                 "--trainer.default_root_dir", str(tmp_path), "--trainer.max_steps", "0"])
     assert cli.datamodule.seeds.seed == 9
     saved = yaml.safe_load(next(tmp_path.rglob("config.yaml")).read_text())
@@ -68,7 +54,7 @@ def test_the_saved_config_holds_the_resolved_seed(tmp_path, tiny_model):
 
 def test_a_bad_data_seed_fails_at_start_naming_the_key(tmp_path, tiny_model, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", str(_config(tmp_path, tiny_model, seed_everything=7)), "--data.seed", "-1"])
+        main(["fit", "--config", str(build_config(tmp_path, tiny_model, seed_everything=7)), "--data.seed", "-1"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "RolloutDataModule.seed" in err and "-1" in err and ">= 0" in err
