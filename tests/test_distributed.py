@@ -75,14 +75,6 @@ def test_every_rank_receives_its_shards_of_the_file_weights_from_rank_0(two_rank
         assert report["reference_dtype"] == report["policy_dtype"] == report["compute_dtype"] == "torch.float32"
 
 
-def test_loading_from_rank_0_ends_with_the_weights_of_loading_on_every_rank(two_ranks, tiny_model, tmp_path):
-    _, ranks = two_ranks
-    before = fsdp_check(tmp_path, tiny_model, "--loading", "every-rank")  # the old way (tools/host_memory.py)
-    assert [r["final"] for r in before] == [r["final"] for r in ranks]
-    assert before[0]["initial"] == ranks[0]["initial"]
-
-
-@pytest.fixture(scope="module")
 def bf16_runs(tmp_path_factory, tiny_model):
     """Scripted first step under bf16-mixed, on 2 FSDP ranks and in 1 process: {devices: (reports, gradients)}."""
     runs = {}

@@ -36,8 +36,6 @@ Every rank reports the ``mismatch/*`` numbers of each step.
 ``--precision bf16-mixed`` trains as the paper configs do (FSDP all-gathers bf16 copies, the reference is
 bf16); every rank also reports the dtypes of the policy's shards and gradients, of the copies its first
 block computed with, and of the reference, and digests of the weights at the start (policy, reference).
-``--loading every-rank`` builds the models the way evolrl did before loading from rank 0
-(``tools/host_memory.py``: every rank loads the whole policy and deep-copies it for the reference).
 """
 
 from __future__ import annotations
@@ -63,7 +61,6 @@ from evolrl.rollout.engine import build_group
 from evolrl.rollout.vllm_engine import full_state_dict
 from evolrl.training import Batching, EvolRLModule, GRPOLoss, Optimization
 from evolrl.training.forward import sequence_logprobs
-from evolrl.training.module import Frozen
 from evolrl.training.sequences import Sequences
 
 CORRECTIONS = {correction.name: correction for correction in (TokenTruncate, SequenceMask)}
@@ -207,17 +204,6 @@ class PlainSGD(EvolRLModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
-class EveryRankLoading(EvolRLModule):
-    """evolrl's loading before it loaded from rank 0 (``tools/host_memory.py``), for comparison."""
-
-    def configure_model(self) -> None:
-        from host_memory import build_every_rank  # beside this file in tools/
-
-        if self.policy is None:
-            self.policy, reference = build_every_rank(self.model_name, True, self.device_mesh["data_parallel"])
-            self.reference = Frozen(reference)
-
-
 class Prompts(L.Callback):
     """The prompt ids this rank trained on, the evaluation problems it sampled itself, and each step's mismatch
     numbers (``mismatch/*``)."""
@@ -238,11 +224,11 @@ class Prompts(L.Callback):
 
 def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int = 1, scripted: bool = False,
          engine_kind: str = "hf", checkpoints: bool = False, resume: str | None = None, precision: str = "32-true",
-         loading: str = "rank0", max_tokens: int | None = None, packed: bool = False, uneven: bool = False,
+         max_tokens: int | None = None, packed: bool = False, uneven: bool = False,
          sgd: bool = False, mismatch: str | None = None) -> None:
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     group = 3
-    module_class = EveryRankLoading if loading == "every-rank" else PlainSGD if sgd else EvolRLModule
+    module_class = PlainSGD if sgd else EvolRLModule
     batching = Batching(mini_batch_size=group * prompts_per_step, micro_batch_size=2,
                         max_tokens_per_micro_batch=max_tokens, packed=packed)
     loss = GRPOLoss(mismatch_correction=CORRECTIONS[mismatch]() if mismatch else None)
@@ -312,8 +298,6 @@ if __name__ == "__main__":
     parser.add_argument("--checkpoints", action="store_true", help="save a checkpoint after every step")
     parser.add_argument("--resume", help="checkpoint to resume from")
     parser.add_argument("--precision", default="32-true", help="trainer precision, e.g. bf16-mixed")
-    parser.add_argument("--loading", choices=["rank0", "every-rank"], default="rank0",
-                        help="build the models from rank 0's copy (evolrl's way) or on every rank (the old way)")
     parser.add_argument("--max-tokens", type=int, help="token budget per micro-batch (default: 2 sequences)")
     parser.add_argument("--packed", action="store_true", help="each micro-batch packed into one row")
     parser.add_argument("--uneven", action="store_true", help="scripted responses whose lengths vary by prompt")
@@ -322,4 +306,4 @@ if __name__ == "__main__":
                         help="GRPOLoss.mismatch_correction; the scripted engine then reports sampler log-probs")
     a = parser.parse_args()
     main(a.model_dir, a.out_dir, a.devices, a.prompts_per_step, a.scripted, a.engine, a.checkpoints, a.resume,
-         a.precision, a.loading, a.max_tokens, a.packed, a.uneven, a.sgd, a.mismatch)
+         a.precision, a.max_tokens, a.packed, a.uneven, a.sgd, a.mismatch)
