@@ -12,7 +12,8 @@ first step), samples ``--steps`` training steps' prompts x V responses, scores e
 (``GRPOUpdate.forward``, under the trainer's autocast, on one device: FSDP's bf16 all-gathered weights are not
 reproduced) and prints the ``mismatch/*`` numbers that no correction, ``TokenTruncate()`` and ``SequenceMask()``
 (``GRPOLoss.mismatch_correction``, ``evolrl/algorithms/corrections.py``, default settings) would log for them, over all
-the sampled responses. Nothing is trained.
+the sampled responses. Nothing is trained. On a CPU without native bf16 the config's bf16 runs as float32, as in
+``fit`` (``cpu_bf16``), unless ``--engine-dtype`` or ``--precision`` is given: those run as asked.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def configured(configs: list[str], engine_dtype: str | None, precision: str | No
     args += ["--data.engine.init_args.dtype", engine_dtype] if engine_dtype else []
     args += ["--trainer.precision", precision] if precision else []
     args += ["--model.model", model] if model else []
+    args += ["--cpu_bf16", "keep"] if engine_dtype or precision else []  # dtypes asked for are the ones measured
     cli = cli_main(args, run=False)
     return cli.model, cli.datamodule, str(cli.trainer.precision)
 
