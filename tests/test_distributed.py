@@ -75,6 +75,7 @@ def test_every_rank_receives_its_shards_of_the_file_weights_from_rank_0(two_rank
         assert report["reference_dtype"] == report["policy_dtype"] == report["compute_dtype"] == "torch.float32"
 
 
+@pytest.fixture(scope="module")
 def bf16_runs(tmp_path_factory, tiny_model):
     """Scripted first step under bf16-mixed, on 2 FSDP ranks and in 1 process: {devices: (reports, gradients)}."""
     runs = {}
