@@ -94,3 +94,21 @@ def test_the_study_ii_arms_differ_only_where_the_preregistration_says():
     assert arms["evol"] == {"reward": "EvolReward", "novelty_text": "response", "clip": (0.2, 0.28),
                             "entropy_coef": 0.003}
     assert arms["evol_until"] == {**arms["evol"], "novelty_text": "until_answer"}
+
+
+def test_float32_runs_train_and_sample_in_float32_and_keep_the_rest_of_the_engine(tmp_path):
+    """Study II's ``--float32``: the seed overlay sets both dtypes; the engine keeps its class and other settings."""
+    overlay = tmp_path / "seed0.yaml"
+    overlay.write_text(yaml.safe_dump(study.run_overlay(tmp_path, "evol_until", 0, smoke=False, float32=True)))
+    args = [sys.executable, "-m", "evolrl", "fit", "--print_config"]
+    for config in study.run_configs("addition", "evol_until") + [str(overlay)]:
+        args += ["--config", config]
+    result = subprocess.run(args, cwd=TOOL.parent.parent, capture_output=True, text=True, check=False, timeout=600,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = yaml.safe_load(result.stdout)
+    assert config["trainer"]["precision"] == "32-true"
+    engine = config["data"]["engine"]
+    assert engine["class_path"] == "evolrl.rollout.VLLMEngine"
+    assert engine["init_args"]["dtype"] == "float32" and engine["init_args"]["enforce_eager"] is True
+    assert study.run_overlay(tmp_path, "evol", 0, smoke=False)["trainer"].get("precision") is None  # off by default

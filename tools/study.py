@@ -7,6 +7,7 @@
     python tools/study.py rewards          # what each reward pays a clean answer vs one with trailing text (1 min)
     python tools/study.py probe --task word   # the base model on word problems with room to reason (WORD_CANDIDATES)
     python tools/study.py run --task word     # the same runs on the word problems (configs/study_reasoning.yaml)
+    python tools/study.py run --methods ttrl ttrl_clip_entropy evol evol_until --float32 --out runs/study2  # Study II
     python tools/study.py run --methods self_certainty token_entropy semantic_entropy --seeds 0   # the others
     python tools/study.py run --methods evol ttrl self_certainty token_entropy semantic_entropy --seeds 0 \
         --steps 12 --out runs/family   # every method side by side at the demo's length (~6 min a run)
@@ -117,7 +118,13 @@ def fit(configs: list[str], out: Path, env: dict) -> int:
         return subprocess.run(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
 
 
-def run_overlay(out: Path, method: str, seed: int, smoke: bool, steps: int | None = None) -> dict:
+FLOAT32 = {"trainer": {"precision": "32-true"}, "data": {"engine": {"init_args": {"dtype": "float32"}}}}
+"""``run --float32``: the update and the rollouts in float32 whatever the CPU (Study II: runs made on different
+machines do not differ in precision)."""
+
+
+def run_overlay(out: Path, method: str, seed: int, smoke: bool, steps: int | None = None,
+                float32: bool = False) -> dict:
     overlay = {
         "seed_everything": seed,
         "trainer": {"logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
@@ -126,6 +133,9 @@ def run_overlay(out: Path, method: str, seed: int, smoke: bool, steps: int | Non
     }
     if steps is not None:  # a shorter run: evaluated before training, after every third of it and at its end
         overlay["trainer"] |= {"limit_train_batches": steps, "val_check_interval": max(1, steps // 3)}
+    if float32:
+        overlay["trainer"] |= FLOAT32["trainer"]
+        overlay["data"] |= FLOAT32["data"]
     if smoke:
         overlay["trainer"] |= {"limit_train_batches": 2, "val_check_interval": 2, "limit_val_batches": 1}
     return overlay
@@ -149,7 +159,7 @@ def run(a: argparse.Namespace) -> None:
                 shutil.rmtree(directory)
             directory.mkdir(parents=True)
             overlay = directory.parent / f"seed{seed}.yaml"
-            overlay.write_text(yaml.safe_dump(run_overlay(out, method, seed, a.smoke, a.steps)))
+            overlay.write_text(yaml.safe_dump(run_overlay(out, method, seed, a.smoke, a.steps, a.float32)))
             start = time.perf_counter()
             code = fit(run_configs(a.task, method) + [str(overlay)], directory, env)
             seconds = time.perf_counter() - start
@@ -367,6 +377,8 @@ def main() -> None:
     p.add_argument("--out", help="where the runs go; default runs/study, with --task word runs/study_reasoning")
     p.add_argument("--smoke", action="store_true", help="run: 2 steps, one evaluation batch")
     p.add_argument("--steps", type=int, help="run: this many training steps instead of configs/study.yaml's 80")
+    p.add_argument("--float32", action="store_true",
+                   help="run: train and sample in float32 on any CPU (Study II), not the demo's bf16")
     p.add_argument("--tail", type=int, default=10, help="summary: training curves averaged over this many steps")
     p.add_argument("--figure", default="docs/study.png", help="summary: where the figure goes")
     p.add_argument("--groups", help="rewards: recorded groups, JSON [{question, texts}]")
