@@ -170,11 +170,15 @@ dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 rank = dist.get_rank()
 same_on_every_rank("vLLM version", "0.32.0")
 print("AGREED", flush=True)
+code = 0
 try:
     same_on_every_rank("vLLM version", "0.32.0" if rank == 0 else "0.31.1")
 except Exception as err:
     print(f"RAISED {type(err).__name__}: {err}", flush=True)
-    sys.exit(1)
+    code = 1
+finally:  # a gloo group left open at exit can abort the process (SIGABRT) while the other rank leaves
+    dist.destroy_process_group()
+sys.exit(code)
 """
 
 
@@ -193,8 +197,8 @@ def test_ranks_that_run_different_vllm_releases_all_stop_before_the_engine_start
     env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
     ranks = [subprocess.Popen([sys.executable, "-c", AGREE_SCRIPT], env={**env, "RANK": str(r), "LOCAL_RANK": "0"},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
-    for output in outputs:
-        assert "AGREED" in output
+    outputs = [rank.communicate(timeout=120) for rank in ranks]
+    for output, errors in outputs:
+        assert "AGREED" in output, errors
         assert "RAISED RankFailed: the ranks disagree on the vLLM version (rank 0: 0.32.0, rank 1: 0.31.1)" in output
-    assert [rank.returncode for rank in ranks] == [1, 1]
+    assert [rank.returncode for rank in ranks] == [1, 1], [errors[-2000:] for _, errors in outputs]
