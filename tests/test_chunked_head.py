@@ -135,8 +135,12 @@ def test_bf16(autocast):
     for a, b in zip(grads, exact_grads):
         assert _relative_error(a, b) < 2**-5
     today_out, today_grads = values_and_grads(today, *inputs[:2], None, tokens, temperature, upstream)
-    for a, b in zip(out, today_out):  # same bf16 logits, same float32 softmax
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    # The same bf16 logits and float32 softmax, up to one rounding: the fused path's matmuls run on chunks of 4 rows,
+    # today's on all rows at once, and a CPU's kernel (picked by row count) may sum in another order, so a logit can
+    # land on the neighbouring bf16 value (equal on the CPUs measured; the bounds above are one such rounding).
+    bounds = (2 * d / temperature, 2 * exact_out[1] * d / temperature + 1e-6)
+    for a, b, bound in zip(out, today_out, bounds, strict=True):
+        assert ((a.double() - b.double()).abs() <= bound).all()
     for a, b in zip(grads, today_grads):
         assert _relative_error(a, b) < 2**-6
 
