@@ -26,25 +26,26 @@ def require(ok: bool, key: str, value: Any, allowed: str) -> None:
 
 def check_int(key: str, value: Any, low: int | None = None, high: int | None = None) -> None:
     """``value`` is an integer (not a bool) within ``[low, high]`` (either bound may be open-ended)."""
-    bounds = _bounds(low, high, "[", "]")
-    require(isinstance(value, int) and not isinstance(value, bool), key, value, f"an integer {bounds}".rstrip())
-    require((low is None or value >= low) and (high is None or value <= high), key, value, f"an integer {bounds}")
+    bounds = _bounds(low, high, left="[", right="]")
+    require(isinstance(value, int) and not isinstance(value, bool), key, value, allowed=f"an integer {bounds}".rstrip())
+    require((low is None or value >= low) and (high is None or value <= high), key, value,
+            allowed=f"an integer {bounds}")
 
 
 def check_float(key: str, value: Any, low: float | None = None, high: float | None = None,
                 low_open: bool = False, high_open: bool = False) -> None:
     """``value`` is a finite number within the bounds (closed unless ``*_open``)."""
-    bounds = _bounds(low, high, "(" if low_open else "[", ")" if high_open else "]")
+    bounds = _bounds(low, high, left="(" if low_open else "[", right=")" if high_open else "]")
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    require(number and math.isfinite(value), key, value, f"a finite number {bounds}".rstrip())
+    require(number and math.isfinite(value), key, value, allowed=f"a finite number {bounds}".rstrip())
     above = low is None or (value > low if low_open else value >= low)
     below = high is None or (value < high if high_open else value <= high)
-    require(above and below, key, value, f"a number {bounds}")
+    require(above and below, key, value, allowed=f"a number {bounds}")
 
 
 def check_choice(key: str, value: Any, choices: Collection[Any]) -> None:
     """``value`` is one of ``choices``."""
-    require(value in choices, key, value, "one of " + ", ".join(repr(c) for c in choices))
+    require(value in choices, key, value, allowed="one of " + ", ".join(repr(c) for c in choices))
 
 
 def _bounds(low, high, left: str, right: str) -> str:

@@ -222,7 +222,7 @@ def mixed_sequences(vocab: int, lengths=LENGTHS, prompts=PROMPTS, seed: int = 0)
     response = torch.zeros(n, width - 1, dtype=torch.bool)
     for i, (length, prompt) in enumerate(zip(lengths, prompts)):
         response[i, prompt - 1 : length - 1] = True
-    return Sequences(ids, attention, response, torch.randn(n, generator=generator))
+    return Sequences(ids, attention, response_mask=response, advantages=torch.randn(n, generator=generator))
 
 
 def run_update(tiny_model, seqs, plan_wrapper=None, loss=None, **settings) -> tuple[list, dict, dict]:
@@ -236,7 +236,7 @@ def run_update(tiny_model, seqs, plan_wrapper=None, loss=None, **settings) -> tu
                         Batching(**{"mini_batch_size": 4, "logprob_chunk_size": 16, **settings}), max_grad_norm=1.0)
     if plan_wrapper is not None:
         update.plan = plan_wrapper(update.plan)
-    stats = update(policy, reference, seqs, 0.7, optimizer, scheduler)
+    stats = update(policy, reference, seqs, temperature=0.7, optimizer=optimizer, scheduler=scheduler)
     return update.plan(seqs), stats, {n: p.detach().clone() for n, p in policy.named_parameters()}
 
 
@@ -249,7 +249,7 @@ def short_sequences(vocab: int, advantages: list[float]) -> Sequences:
     response = torch.zeros(n, 9, dtype=torch.bool)
     response[:, 3:] = True
     response[1, 7:] = False
-    return Sequences(ids, attention, response, torch.tensor(advantages))
+    return Sequences(ids, attention, response_mask=response, advantages=torch.tensor(advantages))
 
 
 class ForeignRL(L.LightningModule):

@@ -103,7 +103,8 @@ def test_clipping_gives_zero_gradient_on_the_clipped_side():
 
 def test_symmetric_clip_and_no_dual_clip():
     logp = torch.log(torch.tensor([[1.25, 5.0]]))
-    loss, masks = clipped_surrogate(logp, torch.zeros(1, 2), torch.tensor([[1.0, -1.0]]), 0.2, 0.2, None)
+    loss, masks = clipped_surrogate(logp, torch.zeros(1, 2), advantages=torch.tensor([[1.0, -1.0]]), clip_low=0.2,
+                                    clip_high=0.2, dual_clip=None)
     torch.testing.assert_close(loss, torch.tensor([[-1.2, 5.0]]))
     assert "dual_clip" not in masks
 

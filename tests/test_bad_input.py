@@ -80,7 +80,7 @@ def run_cli(tmp_path, monkeypatch, capsys, overrides: dict) -> str:
     ids=lambda v: v if isinstance(v, str) else None,
 )
 def test_bad_config_names_the_key(tmp_path, monkeypatch, capsys, case, overrides, message):
-    assert message in run_cli(tmp_path, monkeypatch, capsys, overrides)
+    assert message in run_cli(tmp_path, monkeypatch, capsys=capsys, overrides=overrides)
 
 
 def test_model_path_that_does_not_exist(tmp_path):

@@ -47,17 +47,20 @@ def test_matches_full_logit_paths(temperature, chunk_size, use, dtype):
     hidden, weight, bias, tokens, upstream = make(dtype, bias=chunk_size == 5)
 
     def fused(h, w, b, t, temp):
-        return head_logprobs_and_entropy(h, w, t, temp, chunk_size, bias=b)
+        return head_logprobs_and_entropy(h, w, tokens=t, temperature=temp, chunk_size=chunk_size, bias=b)
 
-    out, grads = values_and_grads(fused, hidden, weight, bias, tokens, temperature, upstream, use)
+    out, grads = values_and_grads(fused, hidden, weight=weight, bias=bias, tokens=tokens, temperature=temperature,
+                                  upstream=upstream, use=use)
     assert all(o.dtype == (torch.float64 if dtype == torch.float64 else torch.float32) for o in out)
     assert all(g.dtype == dtype for g in grads)
     tight = {"atol": 1e-12, "rtol": 1e-10} if dtype == torch.float64 else {"atol": 2e-5, "rtol": 1e-5}
-    naive_out, naive_grads = values_and_grads(naive, hidden, weight, bias, tokens, temperature, upstream, use)
+    naive_out, naive_grads = values_and_grads(naive, hidden, weight=weight, bias=bias, tokens=tokens,
+                                              temperature=temperature, upstream=upstream, use=use)
     for a, b in zip(out + grads, naive_out + naive_grads):
         torch.testing.assert_close(a, b.to(a.dtype), **tight)
     # logprobs.py computes in float32 whatever the input: float32-level agreement
-    ref_out, ref_grads = values_and_grads(reference, hidden, weight, bias, tokens, temperature, upstream, use)
+    ref_out, ref_grads = values_and_grads(reference, hidden, weight=weight, bias=bias, tokens=tokens,
+                                          temperature=temperature, upstream=upstream, use=use)
     for a, b in zip(out + grads, ref_out + ref_grads):
         torch.testing.assert_close(a.to(b.dtype), b, atol=2e-5, rtol=1e-5)
 
@@ -68,7 +71,7 @@ def test_gradcheck_float64():
     tokens = tokens[:2, :3]
 
     def fn(h, w, b):
-        return head_logprobs_and_entropy(h, w, tokens, 0.7, chunk_size=4, bias=b)
+        return head_logprobs_and_entropy(h, w, tokens=tokens, temperature=0.7, chunk_size=4, bias=b)
 
     assert torch.autograd.gradcheck(fn, (hidden.requires_grad_(), weight.requires_grad_(), bias.requires_grad_()))
 
@@ -86,9 +89,10 @@ def test_tied_weight_gradients_accumulate():
             embed.weight.copy_(torch.randn(V, H, generator=torch.Generator().manual_seed(4), dtype=torch.float64))
         hidden = torch.tanh(embed(ids[:, :-1]) @ mix)  # a stand-in for the decoder
         if path == "fused":
-            logp, ent = head_logprobs_and_entropy(hidden, embed.weight, ids[:, 1:], 0.7, chunk_size=4)
+            logp, ent = head_logprobs_and_entropy(hidden, embed.weight, tokens=ids[:, 1:], temperature=0.7,
+                                                  chunk_size=4)
         else:
-            logp, ent = naive(hidden, embed.weight, None, ids[:, 1:], 0.7)
+            logp, ent = naive(hidden, embed.weight, bias=None, tokens=ids[:, 1:], temperature=0.7)
         (logp * upstream[0] + ent * upstream[1]).sum().backward()
         grads.append(embed.weight.grad)
     torch.testing.assert_close(grads[0], grads[1], atol=1e-12, rtol=1e-10)
@@ -117,24 +121,26 @@ def test_bf16(autocast):
 
     def fused(h, w, b, t, temp):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            return head_logprobs_and_entropy(h, w, t, temp, chunk_size=4)
+            return head_logprobs_and_entropy(h, w, tokens=t, temperature=temp, chunk_size=4)
 
     def today(h, w, b, t, temp):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             logits = torch.nn.functional.linear(h, w)  # what lm_head returns: bf16 logits
         return logprobs_and_entropy(logits, t, temp, chunk_size=4)
 
-    out, grads = values_and_grads(fused, *inputs[:2], None, tokens, temperature, upstream)
+    out, grads = values_and_grads(fused, *inputs[:2], bias=None, tokens=tokens, temperature=temperature,
+                                  upstream=upstream)
     assert all(o.dtype == torch.float32 for o in out)
     assert all(g.dtype == (torch.float32 if autocast else torch.bfloat16) for g in grads)
-    exact_out, exact_grads = values_and_grads(naive, hidden.double(), weight.double(), None, tokens, temperature,
-                                              upstream.double())
+    exact_out, exact_grads = values_and_grads(naive, hidden.double(), weight=weight.double(), bias=None, tokens=tokens,
+                                              temperature=temperature, upstream=upstream.double())
     d = 2**-8 * float((hidden.double() @ weight.double().T).abs().max())
     assert (out[0].double() - exact_out[0]).abs().max() <= 2 * d / temperature
     assert ((out[1].double() - exact_out[1]).abs() <= 2 * exact_out[1] * d / temperature + 1e-6).all()
     for a, b in zip(grads, exact_grads):
         assert _relative_error(a, b) < 2**-5
-    today_out, today_grads = values_and_grads(today, *inputs[:2], None, tokens, temperature, upstream)
+    today_out, today_grads = values_and_grads(today, *inputs[:2], bias=None, tokens=tokens, temperature=temperature,
+                                              upstream=upstream)
     # The same bf16 logits and float32 softmax, up to one rounding: the fused path's matmuls run on chunks of 4 rows,
     # today's on all rows at once, and a CPU's kernel (picked by row count) may sum in another order, so a logit can
     # land on the neighbouring bf16 value (equal on the CPUs measured; the bounds above are one such rounding).
@@ -167,13 +173,15 @@ def test_token_scores_are_the_log_probs_the_entropy_and_the_vocabulary_mean(chun
     tokens = torch.randint(0, 50, (2, 7), generator=g)
     logq = torch.log_softmax((hidden @ weight.T + bias) / 0.7, dim=-1)
     expected = (logq.gather(-1, tokens[..., None]).squeeze(-1), -(logq.exp() * logq).sum(-1), logq.mean(-1))
-    fused = head_token_stats(hidden.requires_grad_(), weight, tokens, 0.7, chunk_size, bias)
-    from_logits = token_stats(hidden.detach() @ weight.T + bias, tokens, 0.7, chunk_size)
+    fused = head_token_stats(hidden.requires_grad_(), weight, tokens=tokens, temperature=0.7, chunk_size=chunk_size,
+                             bias=bias)
+    from_logits = token_stats(hidden.detach() @ weight.T + bias, tokens, temperature=0.7, chunk_size=chunk_size)
     for got in (fused, from_logits):
         assert all(not t.requires_grad for t in got)
         for g_, e in zip(got, expected):
             torch.testing.assert_close(g_, e, rtol=1e-5, atol=1e-5)
     # The log-probs and entropy are the training path's own numbers.
-    logp, entropy = head_logprobs_and_entropy(hidden, weight, tokens, 0.7, chunk_size, bias)
+    logp, entropy = head_logprobs_and_entropy(hidden, weight, tokens=tokens, temperature=0.7, chunk_size=chunk_size,
+                                              bias=bias)
     torch.testing.assert_close(fused[0], logp.detach(), rtol=0, atol=0)
     torch.testing.assert_close(fused[1], entropy.detach(), rtol=0, atol=0)

@@ -22,8 +22,9 @@ def view(step: int, collapsed: bool, prompts: int = 4, samples: int = 8) -> Trai
     answers = [["7"] * samples if collapsed else [str(1 + v % 3) for v in range(samples)] for _ in range(prompts)]
     classes = torch.tensor([[0 if collapsed else v % 3 for v in range(samples)]] * prompts)
     majority = classes == 0
-    rewards = RewardOutput(majority.float(), tuple(map(tuple, answers)), ("7" if collapsed else "1",) * prompts,
-                           {"valid": torch.ones_like(majority), "majority": majority, "answer_class": classes})
+    rewards = RewardOutput(majority.float(), tuple(map(tuple, answers)), labels=("7" if collapsed else "1",) * prompts,
+                           components={"valid": torch.ones_like(majority), "majority": majority,
+                                       "answer_class": classes})
     return TrainView(rewards=rewards, entropy=0.1 if collapsed else 1.0,
                      response_lengths=torch.full((prompts, samples), 20.0 if collapsed else 40.0), step=step)
 

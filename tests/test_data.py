@@ -108,5 +108,5 @@ def test_kv_cache_is_sized_for_that_call(tiny_model):
     config = AutoConfig.from_pretrained(tiny_model)  # 2 layers, 2 KV heads of 32
     per_token = 2 * 2 * 2 * 32 * 2  # K and V, layers, heads, head dim, bf16 bytes
     # Whole blocks of 128 tokens per sequence (one for 70 tokens, two for 200), plus one block.
-    assert kv_cache_bytes(config, 24, 70, torch.bfloat16) == (24 * 1 + 1) * 128 * per_token
-    assert kv_cache_bytes(config, 24, 200, torch.bfloat16) == (24 * 2 + 1) * 128 * per_token
+    assert kv_cache_bytes(config, 24, tokens=70, dtype=torch.bfloat16) == (24 * 1 + 1) * 128 * per_token
+    assert kv_cache_bytes(config, 24, tokens=200, dtype=torch.bfloat16) == (24 * 2 + 1) * 128 * per_token

@@ -37,7 +37,8 @@ def test_the_policy_signal_is_the_mean_over_each_responses_tokens():
     vocabulary = 8
     uniform = -math.log(vocabulary)  # the mean log-prob of a uniform distribution: self-certainty 0
     mean_logp = torch.tensor([[uniform, uniform - 1.0, 9.0], [uniform - 2.0, 9.0, 9.0], [9.0] * 3, [uniform] * 3])
-    signal = PolicySignal.from_tokens(torch.tensor([[0, 2], [1, 0]]), mask, logp, entropy, mean_logp, vocabulary)
+    signal = PolicySignal.from_tokens(torch.tensor([[0, 2], [1, 0]]), mask, logp=logp, entropy=entropy,
+                                      mean_logp=mean_logp, vocabulary=vocabulary)
     torch.testing.assert_close(signal.logprob, torch.tensor([[-2.0, -0.5], [0.0, -2.0]]))
     torch.testing.assert_close(signal.entropy, torch.tensor([[1.5, 0.5], [0.0, 3.0]]))
     torch.testing.assert_close(signal.self_certainty, torch.tensor([[0.5, 2.0], [0.0, 0.0]]))
@@ -106,8 +107,8 @@ def test_the_policy_pass_is_the_policys_own_distribution(policy, packed):
     # self-certainty = KL(U || p), computed as such
     vocabulary = logq.shape[-1]
     kl = (math.exp(-math.log(vocabulary)) * (-math.log(vocabulary) - logq)).sum(-1)
-    signal = PolicySignal.from_tokens(torch.arange(4).view(2, 2), mask, scored.logp, scored.entropy,
-                                      scored.mean_logp, vocabulary)
+    signal = PolicySignal.from_tokens(torch.arange(4).view(2, 2), mask, logp=scored.logp, entropy=scored.entropy,
+                                      mean_logp=scored.mean_logp, vocabulary=vocabulary)
     expected = (kl * mask).sum(-1) / mask.sum(-1)
     torch.testing.assert_close(signal.self_certainty.flatten(), expected, rtol=1e-5, atol=1e-5)
 
@@ -128,10 +129,11 @@ def test_an_update_given_the_policy_pass_is_the_update_without_it(tiny_model):
 
         def counting(model, part, temperature, vocab_mean=False, calls=calls, forward=forward, policy=policy):
             calls.append(model is policy and not torch.is_grad_enabled())
-            return forward(model, part, temperature, vocab_mean)
+            return forward(model, part, temperature=temperature, vocab_mean=vocab_mean)
 
         update.forward = counting
-        stats = update(policy, reference, seqs, 0.7, optimizer, scheduler, policy_pass=scored)
+        stats = update(policy, reference, seqs, temperature=0.7, optimizer=optimizer, scheduler=scheduler,
+                       policy_pass=scored)
         # Without the pass the second mini-batch's old log-probs take two no-grad passes (micro-batches of one);
         # with it, none: the update reads them from the pass.
         assert sum(calls) == (0 if with_pass else 2)

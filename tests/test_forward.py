@@ -25,7 +25,7 @@ def tiny_llama(tied: bool, vocab: int = 300):
 def run(model, logprobs, seqs, fused: bool, weights):
     """Log-probs, entropy and parameter gradients of a loss that uses both outputs."""
     model.zero_grad()
-    logp, entropy = logprobs(model, seqs, 0.7, 16, fused)
+    logp, entropy = logprobs(model, seqs, temperature=0.7, chunk_size=16, fused_head=fused)
     ((logp * weights + 0.3 * entropy) * seqs.response_mask).sum().backward()
     return logp.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -36,7 +36,7 @@ def test_the_fused_head_gives_the_logits_paths_values_and_gradients(tied, logpro
     model = tiny_llama(tied)
     seqs = mixed_sequences(model.config.vocab_size)
     weights = torch.randn(seqs.response_mask.shape, generator=torch.Generator().manual_seed(1))
-    (logp, entropy, grads), (f_logp, f_entropy, f_grads) = (run(model, logprobs, seqs, f, weights)
+    (logp, entropy, grads), (f_logp, f_entropy, f_grads) = (run(model, logprobs, seqs=seqs, fused=f, weights=weights)
                                                             for f in (False, True))
     torch.testing.assert_close(f_logp, logp, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(f_entropy, entropy, rtol=1e-5, atol=1e-6)
@@ -51,7 +51,7 @@ def test_the_fused_head_under_bf16_autocast_stays_close_to_the_logits_path():
     seqs = mixed_sequences(model.config.vocab_size)
     weights = torch.randn(seqs.response_mask.shape, generator=torch.Generator().manual_seed(1))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        (logp, _, grads), (f_logp, _, f_grads) = (run(model, sequence_logprobs, seqs, f, weights)
+        (logp, _, grads), (f_logp, _, f_grads) = (run(model, sequence_logprobs, seqs=seqs, fused=f, weights=weights)
                                                   for f in (False, True))
     mask = seqs.response_mask
     assert f_logp.dtype == torch.float32
@@ -71,7 +71,7 @@ def saved_sizes(model, logprobs, seqs, fused: bool) -> list[int]:
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        logprobs(model, seqs, 1.0, 4, fused)
+        logprobs(model, seqs, temperature=1.0, chunk_size=4, fused_head=fused)
     return sizes
 
 

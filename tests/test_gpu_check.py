@@ -47,9 +47,9 @@ def test_kl_section_fails_bf16_rotary_buffers_and_passes_fp32_ones(check):
     # The same weights either way; only the reference's buffers differ. Over this quick 2,048-token probe the bf16
     # buffers' gap grows ~2.2x from the first band to the last (0.008 -> 0.019 on the development machine) and the
     # fp32 buffers' stays flat (~0.9x): the 1.5x line sits between, with room for other CPUs' bf16 kernels.
-    bf16_buffers = gpu_check.run_section(4, "kl", check, lambda c: gpu_check.kl(
+    bf16_buffers = gpu_check.run_section(4, "kl", check=check, section=lambda c: gpu_check.kl(
         c, reference=lambda policy: copy.deepcopy(policy).to(torch.bfloat16)))
-    fp32_buffers = gpu_check.run_section(4, "kl", check, lambda c: gpu_check.kl(
+    fp32_buffers = gpu_check.run_section(4, "kl", check=check, section=lambda c: gpu_check.kl(
         c, reference=gpu_check_probes.keep_buffers_fp32))
     assert bf16_buffers[0] == "FAILED" and "rotary buffers torch.bfloat16" in "\n".join(bf16_buffers[1])
     assert fp32_buffers[0] == "ok" and "rotary buffers torch.float32" in "\n".join(fp32_buffers[1])

@@ -145,7 +145,8 @@ def test_fsdp_reduces_gradients_once_per_mini_batch_and_the_update_is_unchanged(
         batching = Batching(mini_batch_size=2, micro_batch_size=1, logprob_chunk_size=7,
                             reduce_every_pass=reduce_every_pass)
         update = GRPOUpdate(GRPOLoss(kl_coef=0.0), batching, max_grad_norm=1e6)
-        update(policy, None, short_sequences(policy.config.vocab_size, [1.0, -1.0, 0.5, -0.5]), 0.7, optimizer, scheduler)
+        update(policy, None, short_sequences(policy.config.vocab_size, [1.0, -1.0, 0.5, -0.5]), temperature=0.7,
+               optimizer=optimizer, scheduler=scheduler)
         return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
                 for name, p in policy.named_parameters()}
 

@@ -59,8 +59,8 @@ def test_sequence_weights_are_the_product_of_token_ratios_masked_outside_both_bo
 def test_each_correction_through_the_loss_settings():
     delta = torch.tensor([[LN(3.0), 0.0], [0.1, 0.1]])
     mask = torch.tensor([[True, True], [True, False]])
-    seqs = Sequences(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long), mask,
-                     torch.zeros(2), sampler_logprobs=-delta)  # old log-probs 0: old - sampler = delta
+    seqs = Sequences(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long), response_mask=mask,
+                     advantages=torch.zeros(2), sampler_logprobs=-delta)  # old log-probs 0: old - sampler = delta
     old = torch.zeros(2, 2)
     weights, (sums, _) = GRPOLoss().correct(old, seqs)
     assert weights is None and sums[SUMS.index("hit_tokens")] == 0
@@ -83,7 +83,7 @@ def test_the_diagnostics_by_hand():
         (SequenceMask(), {"weight_mean": (1.0 * 3 + 0) / 4, "masked_seq_frac": 0.5, "masked_token_frac": 0.25}),
     ]:
         weights, hit = correction.weights(delta, mask) if correction else (None, torch.zeros_like(mask))
-        summary = mismatch_summary(*mismatch_sums(delta, mask, weights, hit), correction)
+        summary = mismatch_summary(*mismatch_sums(delta, mask, weights=weights, hit=hit), correction)
         expected = {"gap_mean": (0.5 + 0.5 + 0 + LN(4.0)) / 4, "gap_max": LN(4.0), "kl": expected_kl,
                     "ratio_max": 4.0, **extra}
         assert summary.keys() == expected.keys(), correction
@@ -97,11 +97,11 @@ def test_an_all_masked_batch_and_an_empty_one_divide_by_nothing_zero():
     correction = SequenceMask(high=1.5)
     weights, hit = correction.weights(delta, mask)
     assert weights.sum() == 0
-    summary = mismatch_summary(*mismatch_sums(delta, mask, weights, hit), correction)
+    summary = mismatch_summary(*mismatch_sums(delta, mask, weights=weights, hit=hit), correction)
     assert summary["masked_seq_frac"] == summary["masked_token_frac"] == 1.0 and summary["weight_mean"] == 0.0
     empty = torch.zeros(1, 1, dtype=torch.bool)  # a filler pass alone: no response token anywhere
     weights, hit = correction.weights(torch.zeros(1, 1), empty)
-    sums, maxima = mismatch_sums(torch.zeros(1, 1), empty, weights, hit)
+    sums, maxima = mismatch_sums(torch.zeros(1, 1), empty, weights=weights, hit=hit)
     assert sums.sum() == 0 and mismatch_summary(sums, maxima, correction) == {}
 
 
@@ -145,9 +145,9 @@ def with_sampler(policy, seqs: Sequences, delta: torch.Tensor, temperature: floa
     """``seqs`` with sampler log-probs ``old - delta`` at the response tokens, ``old`` the policy's own: so that
     ``old - sampler`` is ``delta`` (what the engine would report if it were off by that much)."""
     with torch.no_grad():
-        old = sequence_logprobs(policy, seqs, temperature, 16)[0]
-    return Sequences(seqs.input_ids, seqs.attention_mask, seqs.response_mask, seqs.advantages,
-                     torch.where(seqs.response_mask, old - delta, 0.0))
+        old = sequence_logprobs(policy, seqs, temperature=temperature, chunk_size=16)[0]
+    return Sequences(seqs.input_ids, seqs.attention_mask, response_mask=seqs.response_mask, advantages=seqs.advantages,
+                     sampler_logprobs=torch.where(seqs.response_mask, old - delta, 0.0))
 
 
 def sgd_update(tiny_model, seqs, mini_batch_size, **loss):
@@ -156,7 +156,7 @@ def sgd_update(tiny_model, seqs, mini_batch_size, **loss):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     update = GRPOUpdate(GRPOLoss(**{"kl_coef": 0.0, **loss}),
                         Batching(mini_batch_size=mini_batch_size, micro_batch_size=3, logprob_chunk_size=16), 1e6)
-    stats = update(policy, None, seqs, 0.7, optimizer, scheduler)
+    stats = update(policy, None, seqs, temperature=0.7, optimizer=optimizer, scheduler=scheduler)
     return stats, {n: p.detach().clone() for n, p in policy.named_parameters()}
 
 

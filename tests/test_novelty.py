@@ -72,9 +72,9 @@ def prompt_batches(draw):
 @given(prompt_batches())
 def test_batched_matches_loop_oracle(case):
     emb, majority, valid, alpha = case
-    got = evol_rewards_batched(emb, majority, valid, alpha)
+    got = evol_rewards_batched(emb, majority, is_valid=valid, alpha=alpha)
     for p in range(emb.shape[0]):
-        want = oracle_rewards(emb[p].tolist(), majority[p].tolist(), valid[p].tolist(), alpha)
+        want = oracle_rewards(emb[p].tolist(), majority[p].tolist(), valid=valid[p].tolist(), alpha=alpha)
         assert got[p].tolist() == pytest.approx(want, abs=1e-9)
 
 
@@ -82,7 +82,7 @@ def test_batched_matches_loop_oracle(case):
 @given(prompt_batches())
 def test_bands_never_overlap(case):
     emb, majority, valid, alpha = case
-    r = evol_rewards_batched(emb.float(), majority, valid, alpha)
+    r = evol_rewards_batched(emb.float(), majority, is_valid=valid, alpha=alpha)
     assert torch.isfinite(r).all()
     major = majority & valid
     minor = ~majority & valid
@@ -199,5 +199,5 @@ def test_novelty_bands_embed_a_steps_valid_responses_in_one_call_and_match_the_t
     assert embedder.calls == [["a ", "bb ", "ccc ", "dddd ", "e "]]  # one call, valid only, box removed
     emb = torch.zeros(2, 3, 3)
     emb[valid] = embedder.embed(["a ", "bb ", "ccc ", "dddd ", "e "])
-    torch.testing.assert_close(rewards, evol_rewards_batched(emb, majority, valid, 0.25))
-    torch.testing.assert_close(novelty, novelty_scores(emb, majority, valid, 0.25), equal_nan=True)
+    torch.testing.assert_close(rewards, evol_rewards_batched(emb, majority, is_valid=valid, alpha=0.25))
+    torch.testing.assert_close(novelty, novelty_scores(emb, majority, is_valid=valid, alpha=0.25), equal_nan=True)

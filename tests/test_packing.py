@@ -51,7 +51,7 @@ def assert_packed_equals_padded(model, device: str = "cpu") -> None:
     results = []
     for logprobs in (sequence_logprobs, packed_logprobs):
         model.zero_grad()
-        logp, entropy = logprobs(model, seqs, 0.7, 16)
+        logp, entropy = logprobs(model, seqs, temperature=0.7, chunk_size=16)
         ((logp * weights + entropy) * seqs.response_mask).sum().backward()
         results.append((logp.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
     (logp, entropy, grads), (packed_logp, packed_entropy, packed_grads) = results
@@ -83,8 +83,8 @@ def change_of_the_others(model, seqs: Sequences) -> float:
     changed = seqs.input_ids.clone()
     changed[0, : int(seqs.lengths[0])] = (changed[0, : int(seqs.lengths[0])] + 17) % model.config.vocab_size
     with torch.no_grad():
-        before = packed_logprobs(model, seqs, 1.0, 64)[0][1:]
-        after = packed_logprobs(model, replace(seqs, input_ids=changed), 1.0, 64)[0][1:]
+        before = packed_logprobs(model, seqs, temperature=1.0, chunk_size=64)[0][1:]
+        after = packed_logprobs(model, replace(seqs, input_ids=changed), temperature=1.0, chunk_size=64)[0][1:]
     return float((before - after).abs().max())
 
 
@@ -111,8 +111,9 @@ def test_sequencewise_attention_keeps_packed_sequences_apart_without_the_mask(ti
     # one sdpa call per sequence: the mask is never read, so even a leaky one keeps the sequences apart
     assert change_of_the_others(FullCausalMask(model), seqs) < 1e-6
     with torch.no_grad():  # every other pass is sdpa with its mask: padded log-probs as before
-        torch.testing.assert_close(sequence_logprobs(model, seqs, 0.7, 16)[0],
-                                   sequence_logprobs(load_policy(tiny_model), seqs, 0.7, 16)[0], rtol=0, atol=0)
+        torch.testing.assert_close(sequence_logprobs(model, seqs, temperature=0.7, chunk_size=16)[0],
+                                   sequence_logprobs(load_policy(tiny_model), seqs, temperature=0.7, chunk_size=16)[0],
+                                   rtol=0, atol=0)
     eager = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation="eager")
     use_sequencewise_attention(eager)  # only sdpa is switched
     assert eager.config._attn_implementation == "eager"
@@ -131,16 +132,18 @@ def test_sequencewise_attention_keeps_sliding_windows(tiny_model):
     seqs = mixed_sequences(vocab)
     mask = seqs.response_mask
     with torch.no_grad():  # sequences longer than the window: the sliding layer must still see only 4 keys
-        padded, packed = (logprobs(model, seqs, 1.0, 16)[0] for logprobs in (sequence_logprobs, packed_logprobs))
+        padded, packed = (logprobs(model, seqs, temperature=1.0, chunk_size=16)[0]
+                          for logprobs in (sequence_logprobs, packed_logprobs))
         torch.testing.assert_close(packed[mask], padded[mask], rtol=1e-5, atol=1e-5)
         model.config.sliding_window = 64  # the window matters here: a wider one gives other numbers
-        assert (sequence_logprobs(model, seqs, 1.0, 16)[0][mask] - padded[mask]).abs().max() > 1e-3
+        other = sequence_logprobs(model, seqs, temperature=1.0, chunk_size=16)[0]
+        assert (other[mask] - padded[mask]).abs().max() > 1e-3
 
 
 def test_token_budget_plan_bins_each_mini_batch_under_the_budget():
     assert micro_batch_plan(7, 5, 3) == [[[0, 1, 2], [3, 4]], [[5, 6]]]  # by count: consecutive rows
     for packed in (False, True):
-        plan = token_budget_plan(LENGTHS + [40], 4, 30, packed)
+        plan = token_budget_plan(LENGTHS + [40], 4, budget=30, packed=packed)
         assert [sorted(r for micro in mini for r in micro) for mini in plan] == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
         for micro in (micro for mini in plan for micro in mini):
             assert micro == sorted(micro)
@@ -227,7 +230,8 @@ def test_a_packed_token_budget_run_gives_the_padded_gradient(tiny_model):
     (grads, losses, (plan, lengths)), (packed_grads, packed_losses, (packed_plan, _)) = runs
     assert plan == [[[0, 1], [2, 3], [4, 5]]]  # 6 sequences, 2 per pass
     # the budget's plan for the lengths this machine sampled (~80 tokens each: 3 + 3 to a pass), fewer passes than 3
-    assert len(set(lengths)) > 1 and packed_plan == token_budget_plan(lengths, 6, 250, True), (lengths, packed_plan)
+    assert len(set(lengths)) > 1 and packed_plan == token_budget_plan(lengths, 6, budget=250, packed=True), (
+        lengths, packed_plan)
     assert len(packed_plan[0]) < len(plan[0]), (lengths, packed_plan)
     assert packed_losses == pytest.approx(losses, rel=1e-5)
     for name, grad in grads.items():
@@ -253,7 +257,7 @@ def test_packed_and_padded_differ_in_bf16_by_rounding_only(tiny_model, device):
             model.lm_head.weight.mul_(8)
         seqs = mixed_sequences(model.config.vocab_size).to(device)
         with torch.no_grad():
-            results[dtype] = [f(model, seqs, 1.0, 16)[0][seqs.response_mask].double().cpu()
+            results[dtype] = [f(model, seqs, temperature=1.0, chunk_size=16)[0][seqs.response_mask].double().cpu()
                               for f in (sequence_logprobs, packed_logprobs)]
             if dtype == torch.float64:
                 scale = float(model(input_ids=seqs.input_ids).logits.abs().max())

@@ -136,8 +136,9 @@ def replay(tiny_dir: str, record: dict, embedder, dtype: torch.dtype = torch.flo
     rollouts.push(policy, new_version=False)
     for step in steps:
         batch = rollouts.sample([g.prompt for g in step], [g.prompt_ids for g in step])
-        scored = score(reward, update, policy, batch, torch.device("cpu"))
-        stats = update(policy, reference, scored.seqs, TEMPERATURE, optimizer, scheduler)
+        scored = score(reward, update, policy=policy, rollouts=batch, device=torch.device("cpu"))
+        stats = update(policy, reference, scored.seqs, temperature=TEMPERATURE, optimizer=optimizer,
+                       scheduler=scheduler)
         outcomes.append({"trained": batch.trained.tolist(), "rewards": scored.rewards.rewards.tolist(),
                          "advantages": scored.advantages.tolist(), "stats": stats})
         rollouts.push(policy)
@@ -200,14 +201,16 @@ def changed(what: str, monkeypatch):
         if what == "policy-gradient sign":
             surrogate = policy_loss.clipped_surrogate
             patch.setattr("evolrl.training.update.clipped_surrogate",
-                          lambda logp, old, adv, *a, **k: surrogate(logp, old, -adv, *a, **k))
+                          lambda logp, old_logp, **k: surrogate(logp, old_logp,
+                                                                **{**k, "advantages": -k["advantages"]}))
         elif what == "normalizer per pass":
             token_mean = TokenMean.__call__
             patch.setattr(TokenMean, "__call__", lambda self, values, mask, normalizer: token_mean(self, values, mask))
         elif what == "clip bound on the other side":
             surrogate = policy_loss.clipped_surrogate
             patch.setattr("evolrl.training.update.clipped_surrogate",
-                          lambda logp, old, adv, low, high, dual: surrogate(logp, old, adv, high, low, dual))
+                          lambda logp, old_logp, clip_low, clip_high, **k: surrogate(
+                              logp, old_logp, clip_low=clip_high, clip_high=clip_low, **k))
         elif what == "another trained-subset stream":
             patch.setattr(Seeds, "trained_subset", lambda self, version: self.seed * 1_000_003 + version + 1)
         yield
@@ -323,12 +326,13 @@ def make_groups(tiny_dir: str) -> dict:
             texts = [rng.choice(TEMPLATES).format(a=a, b=b, x=a + b + rng.choice([0, 0, 0, 1, -1])) for _ in range(V)]
             responses = [tokenizer.encode(t, add_special_tokens=False) + [tokenizer.eos_token_id] for t in texts]
             prompt_ids = render_prompt(tokenizer, prompt.question, PAPER_SYSTEM_PROMPT)
-            groups.append(build_group(prompt, prompt_ids, [r[:max_new_tokens] for r in responses],
-                                      [tokenizer.eos_token_id], max_new_tokens, tokenizer))
+            groups.append(build_group(prompt, prompt_ids, responses=[r[:max_new_tokens] for r in responses],
+                                      stops=[tokenizer.eos_token_id], max_new_tokens=max_new_tokens,
+                                      tokenizer=tokenizer))
         batch = RolloutBatch(tuple(groups), trained=torch.arange(V).repeat(PROMPTS, 1))
         seqs = trained_sequences(batch, torch.zeros(PROMPTS, V), tokenizer.pad_token_id)
         with torch.no_grad():
-            logp = sequence_logprobs(sampler, seqs, TEMPERATURE, 7, True)[0].float()
+            logp = sequence_logprobs(sampler, seqs, temperature=TEMPERATURE, chunk_size=7, fused_head=True)[0].float()
         recorded = []
         for p, group in enumerate(groups):
             start = len(group.prompt_ids) - 1

@@ -36,9 +36,11 @@ TEN_STEPS = [
 
 
 def test_the_multiplier_at_each_step_of_a_small_case():
-    assert [warmup_cosine(step, 10, 0.2, 0.1) for step in range(10)] == pytest.approx(TEN_STEPS)
+    assert ([warmup_cosine(step, 10, warmup_ratio=0.2, min_lr_ratio=0.1) for step in range(10)]
+            == pytest.approx(TEN_STEPS))
     assert TEN_STEPS[6] == pytest.approx(0.55) and TEN_STEPS[9] == pytest.approx(0.134254, rel=1e-5)
-    assert warmup_cosine(10, 10, 0.2, 0.1) == pytest.approx(0.1)  # after the last step: the floor
+    # after the last step: the floor
+    assert warmup_cosine(10, 10, warmup_ratio=0.2, min_lr_ratio=0.1) == pytest.approx(0.1)
     # A warm-up ratio that is not a whole number of steps rounds up: 0.03 x 10 -> 1 step, at the peak at once.
     assert warmup_cosine(0, 10, 0.03) == 1.0
     assert warmup_cosine(1, 10, 0.03) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0 / 9)))

@@ -238,7 +238,8 @@ class NaNReward(MajorityVoteReward):
 
     def __call__(self, batch):
         out = super().__call__(batch)
-        return type(out)(torch.full_like(out.rewards, float("nan")), out.answers, out.labels, out.components)
+        return type(out)(torch.full_like(out.rewards, float("nan")), out.answers, labels=out.labels,
+                         components=out.components)
 
 
 def test_non_finite_gradients_skip_the_step_and_are_counted(tiny_model):
@@ -349,7 +350,7 @@ def test_response_only_logits_match_the_full_forward(tiny_model):
     attention[2, 9:] = 0  # a shorter row, right-padded
     response = torch.zeros(3, 11, dtype=torch.bool)
     response[0, 4:], response[1, 6:], response[2, 5:8] = True, True, True  # prompts of 5, 7 and 6 tokens
-    seqs = Sequences(ids, attention, response, torch.zeros(3))
+    seqs = Sequences(ids, attention, response_mask=response, advantages=torch.zeros(3))
     logp, entropy = sequence_logprobs(policy, seqs, 0.7, chunk_size=5)
     full = policy(input_ids=ids, attention_mask=attention).logits
     ref_logp, ref_entropy = logprobs_and_entropy(full[:, :-1], ids[:, 1:], 0.7)

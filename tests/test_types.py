@@ -22,26 +22,29 @@ def test_truncation_flags_must_match():
 
 
 def test_reward_output_checks_shapes_and_freezes_components():
-    out = RewardOutput(torch.zeros(1, 2), (("1", None),), ("1",), {"valid": torch.ones(1, 2, dtype=torch.bool)})
+    out = RewardOutput(torch.zeros(1, 2), (("1", None),), labels=("1",),
+                       components={"valid": torch.ones(1, 2, dtype=torch.bool)})
     with pytest.raises(TypeError):
         out.components["x"] = torch.zeros(1, 2)
     with pytest.raises(ValueError, match="component 'valid'"):
-        RewardOutput(torch.zeros(1, 2), (("1", None),), ("1",), {"valid": torch.ones(2)})
+        RewardOutput(torch.zeros(1, 2), (("1", None),), labels=("1",), components={"valid": torch.ones(2)})
 
 
 def test_a_misspelt_component_name_raises_instead_of_reading_as_absent():
     from evolrl.types import register_component
 
-    out = RewardOutput(torch.zeros(1, 2), (("1", None),), ("1",), {"valid": torch.ones(1, 2, dtype=torch.bool)})
+    out = RewardOutput(torch.zeros(1, 2), (("1", None),), labels=("1",),
+                       components={"valid": torch.ones(1, 2, dtype=torch.bool)})
     assert "valid" in out.components and "novelty" not in out.components  # registered: present or absent
     with pytest.raises(KeyError, match="'majorty' is not a reward component: one of valid, majority"):
         "majorty" in out.components  # noqa: B015 (the test is that asking raises)
     with pytest.raises(KeyError, match="this reward output has no component 'novelty'; it has valid"):
         out.components["novelty"]
     with pytest.raises(KeyError, match="'my_bonus' is not a reward component"):
-        RewardOutput(torch.zeros(1, 2), (("1", None),), ("1",), {"my_bonus": torch.zeros(1, 2)})
+        RewardOutput(torch.zeros(1, 2), (("1", None),), labels=("1",), components={"my_bonus": torch.zeros(1, 2)})
     register_component("my_bonus", "float: a test reward's own part")
-    assert RewardOutput(torch.zeros(1, 2), (("1", None),), ("1",), {"my_bonus": torch.zeros(1, 2)}).components
+    assert RewardOutput(torch.zeros(1, 2), (("1", None),), labels=("1",),
+                        components={"my_bonus": torch.zeros(1, 2)}).components
 
 
 def test_a_step_output_is_typed_and_refuses_unknown_keys():

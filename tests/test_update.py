@@ -17,7 +17,8 @@ def run(tiny_model, advantages, **loss):
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     update = GRPOUpdate(GRPOLoss(**loss), Batching(mini_batch_size=2, micro_batch_size=1, logprob_chunk_size=7), max_grad_norm=1.0)
-    stats = update(policy, reference, short_sequences(policy.config.vocab_size, advantages), 0.7, optimizer, scheduler)
+    stats = update(policy, reference, short_sequences(policy.config.vocab_size, advantages), temperature=0.7,
+                   optimizer=optimizer, scheduler=scheduler)
     return update, stats, before, policy, scheduler
 
 
@@ -65,7 +66,7 @@ def test_under_bf16_autocast_a_later_mini_batch_trains_on_the_weights_the_earlie
 
     update.forward = spy
     with torch.autocast("cpu", dtype=torch.bfloat16):  # as Lightning's bf16-mixed wraps training_step
-        update(policy, None, seqs, 1.0, optimizer, scheduler)
+        update(policy, None, seqs, temperature=1.0, optimizer=optimizer, scheduler=scheduler)
 
     fresh = load_policy(tiny_model)
     fresh.load_state_dict(moved["weights"])

@@ -67,25 +67,26 @@ def setup(tiny_model):
 
 
 def max_logprob_gap(engine, policy, prompts, ids) -> float:
-    return sampler_logprob_gap(engine, policy, prompts, ids, Sampling(max_new_tokens=8), n=4, seed=1)
+    return sampler_logprob_gap(engine, policy, prompts, prompt_ids=ids, sampling=Sampling(max_new_tokens=8), n=4,
+                               seed=1)
 
 
 def test_engine_samples_from_the_policy_weights_after_each_update(setup):
     engine, policy, prompts, ids = setup
-    assert max_logprob_gap(engine, policy, prompts, ids) < TOLERANCE
+    assert max_logprob_gap(engine, policy, prompts, ids=ids) < TOLERANCE
     with torch.no_grad():  # an update the engine has not seen
         for p in policy.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    assert max_logprob_gap(engine, policy, prompts, ids) > 100 * TOLERANCE  # a stale engine fails the check
+    assert max_logprob_gap(engine, policy, prompts, ids=ids) > 100 * TOLERANCE  # a stale engine fails the check
     version = engine.version
     engine.load_weights(policy)
     assert engine.version == version + 1
-    assert max_logprob_gap(engine, policy, prompts, ids) < TOLERANCE
+    assert max_logprob_gap(engine, policy, prompts, ids=ids) < TOLERANCE
 
 
 def test_sampling_is_seeded_and_groups_are_complete(setup):
     engine, _, prompts, ids = setup
-    a = engine.generate(prompts, ids, Sampling(max_new_tokens=6), 3, 7)
+    a = engine.generate(prompts, ids, sampling=Sampling(max_new_tokens=6), n=3, seed=7)
     assert [g.prompt.id for g in a] == ["a", "b"]
     assert all(len(g.texts) == 3 and len(g.response_ids) == 3 and len(g.truncated) == 3 for g in a)
     for g in a:
@@ -98,12 +99,12 @@ def test_a_real_vllm_error_reaches_the_user(setup):
     engine, _, prompts, _ = setup
     too_long = [list(range(3, 200))]  # the fixture's engine holds at most 128 tokens
     with pytest.raises(Exception, match="maximum context length is 128"):
-        engine.generate(prompts[:1], too_long, Sampling(max_new_tokens=4), 1, 0)
+        engine.generate(prompts[:1], too_long, sampling=Sampling(max_new_tokens=4), n=1, seed=0)
 
 
 def sampled(engine, prompts, ids, n: int = 6, max_new_tokens: int = 8):
     """``n`` responses per prompt that ``engine`` samples at temperature 1, packed for the update."""
-    groups = engine.generate(prompts, ids, Sampling(max_new_tokens=max_new_tokens), n, seed=3)
+    groups = engine.generate(prompts, ids, sampling=Sampling(max_new_tokens=max_new_tokens), n=n, seed=3)
     batch = RolloutBatch(tuple(groups), trained=torch.arange(n).repeat(len(groups), 1))
     advantages = torch.randn(len(groups), n, generator=torch.Generator().manual_seed(0))
     return trained_sequences(batch, advantages, engine.tokenizer.pad_token_id).to(DEVICE)
@@ -117,7 +118,7 @@ def mismatch_update(seqs, trainer_policy, correction: MismatchCorrection | None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     update = GRPOUpdate(GRPOLoss(kl_coef=0.0, mismatch_correction=correction),
                         Batching(mini_batch_size=len(seqs), micro_batch_size=4, logprob_chunk_size=64), 1e6)
-    stats = update(policy, None, seqs, 1.0, optimizer, scheduler)
+    stats = update(policy, None, seqs, temperature=1.0, optimizer=optimizer, scheduler=scheduler)
     return stats, torch.cat([(p.detach() - b).flatten() for p, b in zip(policy.parameters(), before)])
 
 
@@ -176,14 +177,14 @@ def test_sampler_logprobs_are_those_the_trainer_scores_at_the_sampling_temperatu
     distribution. vLLM's default, raw_logprobs (of softmax(logits)), is far off at the demo's temperature 0.7."""
     engine, policy, prompts, ids = setup
     tempered = Sampling(temperature=0.7, max_new_tokens=8)
-    assert sampler_logprob_gap(engine, policy, prompts, ids, tempered) < TOLERANCE
+    assert sampler_logprob_gap(engine, policy, prompts, prompt_ids=ids, sampling=tempered) < TOLERANCE
 
     class RawLogprobs(VLLMEngine):
         logprobs_mode = "raw_logprobs"
 
     raw = new_engine(tiny_model, RawLogprobs)
     raw.load_weights(policy)
-    assert sampler_logprob_gap(raw, policy, prompts, ids, tempered) > 100 * TOLERANCE
+    assert sampler_logprob_gap(raw, policy, prompts, prompt_ids=ids, sampling=tempered) > 100 * TOLERANCE
 
 
 # Tests with engines of their own, after every test of the shared engine (see drop_engines_at_once).
@@ -230,7 +231,7 @@ def test_the_gap_tool_measures_the_floor_at_the_demo_settings(tiny_model):
 
     from mismatch_gap import DEMO, measure
 
-    result = measure([str(DEMO)], 1, "float32", "32-true", tiny_model)
+    result = measure([str(DEMO)], 1, engine_dtype="float32", precision="32-true", model=tiny_model)
     assert result["responses"] == 64 and result["temperature"] == 0.7 and result["tokens"] > 64
     summaries = result["summaries"]
     assert list(summaries) == [None, TokenTruncate.name, SequenceMask.name]
@@ -274,15 +275,15 @@ def test_long_prompt_is_never_sampled_from_a_stale_prefix_cache(tiny_model, slee
     prompt = Prompt("long", "What is 3 + 4? " * 44)
     ids = [render_prompt(tokenizer, prompt.question, None)]
     assert len(ids[0]) >= 3 * 128  # several full blocks on the CPU backend (128 tokens), many on a GPU (16)
-    assert max_logprob_gap(engine, policy, [prompt], ids) < TOLERANCE  # the prompt's blocks are now cached
+    assert max_logprob_gap(engine, policy, [prompt], ids=ids) < TOLERANCE  # the prompt's blocks are now cached
     generator = torch.Generator().manual_seed(0)
     for _ in range(3):
         with torch.no_grad():
             for p in policy.parameters():
                 p.add_(0.05 * torch.randn(p.shape, generator=generator).to(p.device))
         engine.load_weights(policy)
-        assert max_logprob_gap(engine, policy, [prompt], ids) < TOLERANCE
-        assert max_logprob_gap(engine, policy, [prompt], ids) < TOLERANCE  # again, after a sleep without a push
+        assert max_logprob_gap(engine, policy, [prompt], ids=ids) < TOLERANCE
+        assert max_logprob_gap(engine, policy, [prompt], ids=ids) < TOLERANCE  # again, after a sleep without a push
 
 
 @pytest.mark.gpu
@@ -304,7 +305,7 @@ def test_a_sleeping_engine_gives_the_gpu_back(tiny_model, sleep_level):
     engine.load_weights(policy)  # starts vLLM, which takes its share, and pushes the weights
     assert held() - before > 0.2
     ids = [render_prompt(tokenizer, "What is 3 + 4?", None)]
-    engine.generate([Prompt("a", "What is 3 + 4?")], ids, Sampling(max_new_tokens=4), 2, 0)
+    engine.generate([Prompt("a", "What is 3 + 4?")], ids, sampling=Sampling(max_new_tokens=4), n=2, seed=0)
     assert held() - before < 0.05
 
 
@@ -328,7 +329,7 @@ def test_engine_leaves_the_trainer_random_state_and_matmul_precision(tiny_model)
     try:
         engine.load_weights(policy)
         ids = [render_prompt(tokenizer, "What is 3 + 4?", None)]
-        engine.generate([Prompt("a", "What is 3 + 4?")], ids, Sampling(max_new_tokens=4), 2, 0)
+        engine.generate([Prompt("a", "What is 3 + 4?")], ids, sampling=Sampling(max_new_tokens=4), n=2, seed=0)
         after = trainer_state()
         assert torch.get_float32_matmul_precision() == "high"
     finally:

@@ -48,12 +48,13 @@ def test_an_engine_started_in_inference_mode_takes_pushes_outside_it(tiny_model)
     ids = [render_prompt(tokenizer, prompts[0].question, None)]
     with torch.inference_mode():  # as Lightning's sanity validation: the first start and push happen here
         engine.load_weights(policy)
-        engine.generate(prompts, ids, Sampling(max_new_tokens=4), 2, 0)
+        engine.generate(prompts, ids, sampling=Sampling(max_new_tokens=4), n=2, seed=0)
     with torch.no_grad():  # a training step moves the weights, then pushes them outside inference mode
         for p in policy.parameters():
             p.add_(0.05 * torch.randn_like(p))
     engine.load_weights(policy)
-    assert sampler_logprob_gap(engine, policy, prompts, ids, Sampling(max_new_tokens=8), n=4, seed=1) < TOLERANCE
+    sampling = Sampling(max_new_tokens=8)
+    assert sampler_logprob_gap(engine, policy, prompts, prompt_ids=ids, sampling=sampling, n=4, seed=1) < TOLERANCE
     with torch.inference_mode():  # a push made inside inference mode (evaluation without training) ...
         engine.load_weights(policy)
     engine.load_weights(policy)  # ... leaves the weights open to the next training step's push
@@ -83,7 +84,7 @@ def test_sampling_inside_the_training_steps_autocast_keeps_the_engines_precision
     ids = [render_prompt(tokenizer, p.question, None) for p in prompts]
     with torch.autocast(device_type=DEVICE, dtype=torch.bfloat16):
         engine.load_weights(policy)
-        groups = engine.generate(prompts, ids, Sampling(max_new_tokens=8), 4, 1)
+        groups = engine.generate(prompts, ids, sampling=Sampling(max_new_tokens=8), n=4, seed=1)
     gap = max((mine - torch.tensor(reported)).abs().max().item() for group in groups
               for mine, reported in zip(policy_logprobs(policy, group), group.sampler_logprobs))
     assert gap < TOLERANCE
@@ -104,8 +105,8 @@ def test_every_prompt_gets_a_seed_of_its_own(tiny_model):
     engine._seed_requests = True
     prompts = [Prompt("a", "What is 3 + 4?"), Prompt("b", "What is 3 + 4?")]
     ids = [render_prompt(tokenizer, p.question, None) for p in prompts]
-    first = [g.response_ids for g in engine.generate(prompts, ids, Sampling(max_new_tokens=12), 8, 5)]
-    again = [g.response_ids for g in engine.generate(prompts, ids, Sampling(max_new_tokens=12), 8, 5)]
+    first = [g.response_ids for g in engine.generate(prompts, ids, sampling=Sampling(max_new_tokens=12), n=8, seed=5)]
+    again = [g.response_ids for g in engine.generate(prompts, ids, sampling=Sampling(max_new_tokens=12), n=8, seed=5)]
     assert first == again
     assert first[0] != first[1]
     # the largest call (16 sequences, from setup) sizes vLLM's batch, not vLLM's default of 256 or 1,024
@@ -190,9 +191,10 @@ def test_a_tied_qwen3_reaches_the_engine_after_every_push(tiny_model, tmp_path):
     prompts = [Prompt("a", "What is 3 + 4?")]
     ids = [render_prompt(tokenizer, prompts[0].question, None)]
     sampling = Sampling(max_new_tokens=8)
-    assert sampler_logprob_gap(engine, policy, prompts, ids, sampling, n=4, seed=1) < TOLERANCE
+    assert sampler_logprob_gap(engine, policy, prompts, prompt_ids=ids, sampling=sampling, n=4, seed=1) < TOLERANCE
     with torch.no_grad():  # move the shared embedding only: the output layer moves with it
         policy.model.embed_tokens.weight.add_(0.5 * torch.randn_like(policy.model.embed_tokens.weight))
-    assert sampler_logprob_gap(engine, policy, prompts, ids, sampling, n=4, seed=1) > 100 * TOLERANCE
+    gap = sampler_logprob_gap(engine, policy, prompts, prompt_ids=ids, sampling=sampling, n=4, seed=1)
+    assert gap > 100 * TOLERANCE
     engine.load_weights(policy)
-    assert sampler_logprob_gap(engine, policy, prompts, ids, sampling, n=4, seed=1) < TOLERANCE
+    assert sampler_logprob_gap(engine, policy, prompts, prompt_ids=ids, sampling=sampling, n=4, seed=1) < TOLERANCE

@@ -225,7 +225,7 @@ def run_sampling(a: argparse.Namespace) -> dict:
     rates: dict[str, list[float]] = {"engine": [], "LLM.generate": []}
     for _ in range(a.steps):
         t0 = time.perf_counter()
-        groups = engine.generate(prompts, ids, sampling, a.group, 0)
+        groups = engine.generate(prompts, ids, sampling=sampling, n=a.group, seed=0)
         rates["engine"].append(sum(len(r) for g in groups for r in g.response_ids) / (time.perf_counter() - t0))
         t0 = time.perf_counter()
         outs = engine.llm.generate([TokensPrompt(prompt_token_ids=list(i)) for i in ids], params, use_tqdm=False)

@@ -45,9 +45,9 @@ def run_case(path: str, length: int, vocab: int, width: int, chunk: int, dtype: 
     def step(rows: int):
         h, t, up = hidden[:, :rows], tokens[:, :rows], upstream[:, :, :rows]
         if path == "full":
-            logp, entropy = logprobs_and_entropy(h @ weight.T, t, 1.0, chunk)
+            logp, entropy = logprobs_and_entropy(h @ weight.T, t, temperature=1.0, chunk_size=chunk)
         else:
-            logp, entropy = head_logprobs_and_entropy(h, weight, t, 1.0, chunk)
+            logp, entropy = head_logprobs_and_entropy(h, weight, tokens=t, temperature=1.0, chunk_size=chunk)
         (logp * up[0] + entropy * up[1]).sum().backward()
         hidden.grad = weight.grad = None
 

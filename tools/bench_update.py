@@ -113,7 +113,7 @@ def make_sequences(lengths: list[int], prompt: int, vocab: int, seed: int):
     ids = torch.randint(0, vocab, (len(lengths), width), generator=g) * attention
     target = torch.arange(width - 1)
     response = (target >= prompt - 1) & (target < length[:, None] - 1)  # logits at t score token t + 1
-    return Sequences(ids, attention, response, torch.randn(len(lengths), generator=g))
+    return Sequences(ids, attention, response_mask=response, advantages=torch.randn(len(lengths), generator=g))
 
 
 def counted_weights(policy) -> dict[str, int]:
@@ -162,13 +162,13 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
 
     def step(part) -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
-            update(policy, reference, part, temperature, optimizer, scheduler)
+            update(policy, reference, part, temperature=temperature, optimizer=optimizer, scheduler=scheduler)
 
-    step(make_sequences(warmup or [prompt + 16] * 2, prompt, policy.config.vocab_size, seed + 1))  # warm-up
+    step(make_sequences(warmup or [prompt + 16] * 2, prompt, vocab=policy.config.vocab_size, seed=seed + 1))  # warm-up
     w = counted_weights(policy)
     measured = []
     for i, lengths in enumerate(draws):
-        seqs = make_sequences(lengths, prompt, policy.config.vocab_size, seed + 2 + i)
+        seqs = make_sequences(lengths, prompt, vocab=policy.config.vocab_size, seed=seed + 2 + i)
         gc.collect()
         before = status_mib("VmRSS")
         reset_peak()
@@ -179,15 +179,15 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
         passes = [pass_tokens([lengths[r] for r in micro], packed) for mini in update.plan(seqs) for micro in mini]
         measured.append({"seconds": seconds, "update_mib": peak - before, "abs_mib": peak, "real": sum(lengths),
                          "computed": sum(passes), "passes": len(passes), "largest": max(passes),
-                         "flops": update_flops(w, lengths, prompt, mini_batch, kl_coef > 0)})
+                         "flops": update_flops(w, lengths, prompt=prompt, mini_batch=mini_batch, kl=kl_coef > 0)})
     out = {"draws": measured, "weights": w}
     if ceiling:  # the block matmuls alone at the first draw's mean pass size
         first = measured[0]
         out["block_mm"] = block_matmul_rate(policy, round(first["computed"] / first["passes"]),
                                             torch.bfloat16 if precision == "bf16-mixed" else torch.float32)
     if profile:  # one more update on the first draw, each operator timed (not in the update's time)
-        out["profile"] = operator_times(lambda: step(make_sequences(draws[0], prompt, policy.config.vocab_size,
-                                                                    seed + 2)), profile)
+        out["profile"] = operator_times(lambda: step(make_sequences(draws[0], prompt, vocab=policy.config.vocab_size,
+                                                                    seed=seed + 2)), profile)
     return out
 
 
@@ -314,8 +314,8 @@ def memory_check(a: argparse.Namespace, model: str, heavy: list[int]) -> None:
     runs, lengths_of = [], []
     for response in (a.check_longest, 2 * a.check_longest):
         lengths_of.append([a.prompt + r for r in capped[:longest] + [response] + capped[longest + 1 :]])
-        m = measure(argparse.Namespace(**{**vars(a), "budget": budget, "profile": 0}), model, lengths_of[-1:],
-                    "packed")
+        m = measure(argparse.Namespace(**{**vars(a), "budget": budget, "profile": 0}), model, draws=lengths_of[-1:],
+                    path="packed")
         runs.append(m)
         print(row([response, m["real"], m["passes"], m["largest"], f"{m['seconds']:.2f}", f"{m['update_mib']:.0f}",
                    f"{m['abs_mib']:.0f}"]), flush=True)
@@ -378,9 +378,11 @@ def main() -> None:
           "tensors: the first draw, after a warm-up update on two short sequences)")
     print(f"matmul peak ({a.peak_size}^3, best of {a.peak_repeats}): bf16 {peaks['bfloat16'] / 1e9:.1f} GFLOP/s, "
           f"fp32 {peaks['float32'] / 1e9:.1f} GFLOP/s")
-    steps = {d: [responses(d, a.sequences, a.median, a.sigma, a.cap, a.seed + i) for i in range(a.repeats)]
+    steps = {d: [responses(d, a.sequences, median=a.median, sigma=a.sigma, cap=a.cap, seed=a.seed + i)
+                 for i in range(a.repeats)]
              for d in a.dists}
-    warmups = {d: [a.prompt + x for x in responses(d, a.sequences, a.median, a.sigma, a.cap, a.seed - 1)]
+    warmups = {d: [a.prompt + x
+                   for x in responses(d, a.sequences, median=a.median, sigma=a.sigma, cap=a.cap, seed=a.seed - 1)]
                for d in a.dists}
     for d, draws in steps.items():
         for i, r in enumerate(draws):
@@ -397,8 +399,9 @@ def main() -> None:
             results = {}
             for d, draws in steps.items():
                 for path in ("padded", "packed"):
-                    results[d, path] = measure(a, model, [[a.prompt + x for x in r] for r in draws], path, warmups[d])
-                    print(result_row(d, path, results[d, path], peaks), flush=True)
+                    results[d, path] = measure(a, model, draws=[[a.prompt + x for x in r] for r in draws], path=path,
+                                               warmup=warmups[d])
+                    print(result_row(d, path, m=results[d, path], peaks=peaks), flush=True)
             w = results[d, path]["weights"]
             print(f"FLOPs counted with N_b {w['blocks']:,}, N_h {w['head']:,}, L {w['layers']}, a {w['width']}")
             for d in steps:
@@ -408,7 +411,8 @@ def main() -> None:
                       f"peak (abs) {ratio(pack['abs_mib'], pad['abs_mib'])}; tokens computed "
                       f"{ratio(pack['computed_all'], pad['computed_all'])} (the time ratio if time went with tokens)")
             if a.check_longest:
-                memory_check(a, model, responses("heavy", a.sequences, a.median, a.sigma, a.cap, a.seed))
+                memory_check(a, model, responses("heavy", a.sequences, median=a.median, sigma=a.sigma, cap=a.cap,
+                                                 seed=a.seed))
 
 
 if __name__ == "__main__":

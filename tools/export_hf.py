@@ -19,7 +19,7 @@ def main() -> None:
     parser.add_argument("--model", help="base model string (default: the checkpoint's own)")
     parser.add_argument("--dtype", default="bfloat16", help="dtype of the saved weights (default: bfloat16)")
     args = parser.parse_args()
-    print(export_checkpoint(args.checkpoint, args.out_dir, args.model, args.dtype))
+    print(export_checkpoint(args.checkpoint, args.out_dir, model=args.model, dtype=args.dtype))
 
 
 if __name__ == "__main__":

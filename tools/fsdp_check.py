@@ -112,8 +112,8 @@ class ScriptedEngine(RecordingEngine):
             ids = torch.tensor([list(prompt_ids) + response])
             mask = torch.zeros(1, ids.shape[1] - 1, dtype=torch.bool)
             mask[0, len(prompt_ids) - 1 :] = True
-            logp = sequence_logprobs(self.copy, Sequences(ids, torch.ones_like(ids), mask, torch.zeros(1)),
-                                     temperature, 64)[0][mask]
+            seqs = Sequences(ids, torch.ones_like(ids), response_mask=mask, advantages=torch.zeros(1))
+            logp = sequence_logprobs(self.copy, seqs, temperature=temperature, chunk_size=64)[0][mask]
             out.append((logp - (0.05 if v == 2 else 0.0)).tolist())
         return out
 
@@ -126,8 +126,9 @@ class ScriptedEngine(RecordingEngine):
             texts = [lead + t for t in (f"The answer is {answer}.", f"{answer}", f"{answer + 1}", "no")][:n]
             responses = [self.tokenizer(t, add_special_tokens=False)["input_ids"] + stops[:1] for t in texts]
             logprobs = self.sampler_logprobs(ids, responses, sampling.temperature) if self.copy else None
-            groups.append(build_group(prompt, ids, responses, stops, sampling.max_new_tokens, self.tokenizer,
-                                      logprobs))
+            groups.append(build_group(prompt, ids, responses=responses, stops=stops,
+                                      max_new_tokens=sampling.max_new_tokens, tokenizer=self.tokenizer,
+                                      logprobs=logprobs))
         return groups
 
 
@@ -283,7 +284,8 @@ def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int =
         full.load_state_dict(full_state_dict(module.policy, torch.float32))
         items = data.train_items[:2]
         report["engine_logprob_gap"] = sampler_logprob_gap(
-            engine, full, [p for p, _ in items], [ids for _, ids in items], Sampling(max_new_tokens=6), n=2)
+            engine, full, [p for p, _ in items], prompt_ids=[ids for _, ids in items],
+            sampling=Sampling(max_new_tokens=6), n=2)
     Path(out_dir, f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
 
 
@@ -305,5 +307,6 @@ if __name__ == "__main__":
     parser.add_argument("--mismatch", choices=list(CORRECTIONS),
                         help="GRPOLoss.mismatch_correction; the scripted engine then reports sampler log-probs")
     a = parser.parse_args()
-    main(a.model_dir, a.out_dir, a.devices, a.prompts_per_step, a.scripted, a.engine, a.checkpoints, a.resume,
-         a.precision, a.max_tokens, a.packed, a.uneven, a.sgd, a.mismatch)
+    main(a.model_dir, a.out_dir, devices=a.devices, prompts_per_step=a.prompts_per_step, scripted=a.scripted,
+         engine_kind=a.engine, checkpoints=a.checkpoints, resume=a.resume, precision=a.precision,
+         max_tokens=a.max_tokens, packed=a.packed, uneven=a.uneven, sgd=a.sgd, mismatch=a.mismatch)

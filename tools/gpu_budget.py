@@ -56,7 +56,7 @@ def from_config(path: str) -> Shape:
     head_dim = cfg.get("head_dim") or hidden // heads
     attention = hidden * head_dim * (heads * 2 + kv * 2)  # q, o, k, v
     params = layers * (attention + 3 * hidden * inter) + vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
-    return Shape(params, hidden, layers, kv, head_dim, inter, vocab)
+    return Shape(params, hidden, layers=layers, kv_heads=kv, head_dim=head_dim, intermediate=inter, vocab=vocab)
 
 
 def budget(m: Shape, gpus: int, gpu_gib: float, vllm_fraction: float, samples: int, prompt: int, new: int,
@@ -132,8 +132,9 @@ def main() -> None:
                         help="what a sleeping engine keeps on the GPU (CUDA context, buffers; an assumption)")
     args = parser.parse_args()
     shape = from_config(args.config) if args.config else {"4b": QWEN3_4B, "1.7b": QWEN3_1_7B}[args.shape]
-    rows = budget(shape, args.gpus, args.gpu_gib, args.vllm_fraction, args.samples, args.prompt, args.new,
-                  args.micro, args.max_tokens, args.embed_batch, adamw=not args.sgd,
+    rows = budget(shape, args.gpus, gpu_gib=args.gpu_gib, vllm_fraction=args.vllm_fraction, samples=args.samples,
+                  prompt=args.prompt, new=args.new, micro=args.micro, max_tokens=args.max_tokens,
+                  embed_batch=args.embed_batch, adamw=not args.sgd,
                   reduce_every_pass=args.reduce_every_pass)
     dropped = {0} if args.no_vllm else set()
     dropped |= {1, 2} if args.no_embedder else set()

@@ -98,7 +98,7 @@ def gpu_tests(check: Check) -> tuple[bool, list[str]]:
     if not (runs.ROOT / "tests").is_dir():
         raise Skip(f"no tests/ in {runs.ROOT} (run from a checkout)")
     code, seconds, _ = runs.run(["-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"],
-                                check.work / "gpu-tests.log", check.timeout, runs.ROOT)
+                                check.work / "gpu-tests.log", timeout=check.timeout, cwd=runs.ROOT)
     text = (check.work / "gpu-tests.log").read_text(errors="replace").splitlines()
     summary = next((x.strip("= ") for x in reversed(text) if " in " in x and ("passed" in x or "failed" in x
                                                                               or "skipped" in x)), "no summary")
@@ -116,8 +116,9 @@ def fit(check: Check, engines: tuple[tuple[str, str], ...] = (("auto", "hf"), ("
     steps, good, rows, errors = size["steps"], True, [], []
     for strategy, engine in engines:
         name = f"{engine}-{strategy}"
-        config = runs.fit_config(str(model), check.work / name, check.gpu, strategy, engine, steps, size["new_tokens"])
-        out = runs.fit_and_resume(name, config, check.work, steps, check.timeout)
+        config = runs.fit_config(str(model), check.work / name, gpu=check.gpu, strategy=strategy, engine=engine,
+                                 steps=steps, new_tokens=size["new_tokens"])
+        out = runs.fit_and_resume(name, config, work=check.work, steps=steps, timeout=check.timeout)
         loss, val = out["scalars"].get("train/loss", {}), out["scalars"].get("val/addition/pass@1", {})
         ran = [stage for stage in ("fit", "resume") if stage in out]
         fine = (all(out[s]["code"] == 0 and out[s]["checkpoint"] for s in ran) and len(ran) == 2
@@ -150,7 +151,7 @@ def kl(check: Check, reference=None) -> tuple[bool, list[str]]:
     model = check.work / "kl-model"
     if not model.exists():
         runs.random_qwen3(model, size["shape"], vocab=size["vocab"], init=0.1, device=check.device.type)
-    out = probes.kl_at_positions(model, size["length"], size["bands"], check.device, reference)
+    out = probes.kl_at_positions(model, size["length"], bands=size["bands"], device=check.device, reference=reference)
     rows = [(f"{lo:,}-{hi - 1:,}", f"{gap:.4f}", f"{k3:.2e}") for lo, hi, gap, k3 in out["bands"]]
     first, last = out["bands"][0][2], out["bands"][-1][2]
     good = not (last > KL_RATIO * first and last > KL_FLOOR)
@@ -200,7 +201,8 @@ def vllm(check: Check) -> tuple[bool, list[str]]:
     good, lines = fit(check, engines=(("auto", "vllm"),))
     config = check.work / "vllm-auto.yaml"
     code, seconds, tail = runs.run([str(runs.ROOT / "tools" / "mismatch_gap.py"), "--config", str(config),
-                                    "--steps", "1"], check.work / "mismatch-gap.log", check.timeout, check.work)
+                                    "--steps", "1"], check.work / "mismatch-gap.log", timeout=check.timeout,
+                                   cwd=check.work)
     gap = next((x.split(None, 1)[1] for x in tail.splitlines() if x.strip().startswith("None")), None)
     lines.append(f"sampler/trainer gap, `tools/mismatch_gap.py --config {config.name} --steps 1` ({seconds:.0f} s): "
                  + (gap if code == 0 and gap else f"FAILED (exit {code}):\n```\n{tail}\n```"))
@@ -253,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu = torch.cuda.is_available() and not a.cpu
     work = a.out / "work" if a.out else Path(tempfile.mkdtemp(prefix="evolrl-gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
-    check, start = Check(gpu, a.quick, work, a.timeout), time.perf_counter()
+    check, start = Check(gpu, a.quick, work=work, timeout=a.timeout), time.perf_counter()
     mode = ("GPU" if gpu else "CPU") + (", quick" if a.quick else "")
     print(f"# evolrl GPU check ({mode}): {env.device_line() if gpu else env.cpu_line()}, {env.commit()}, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n", flush=True)

@@ -38,20 +38,25 @@ def sizes(gpu: bool, quick: bool, gpu_gib: float) -> dict:
     if gpu:
         length = 8192 if quick else 12288
         big = gpu_gib >= 60  # Qwen3-1.7B's shape needs ~36 GiB at this update (AdamW in fp32), 0.6B's ~12
-        return {"fit": {"shape": qwen3(512, 8, 8, 4, 64, 2048), "steps": 1 if quick else 2, "new_tokens": 64},
-                "kl": {"shape": qwen3(1024, 8, 16, 8, 64, length), "vocab": 32768, "length": length,
+        return {"fit": {"shape": qwen3(512, 8, heads=8, kv=4, head_dim=64, positions=2048), "steps": 1 if quick else 2,
+                        "new_tokens": 64},
+                "kl": {"shape": qwen3(1024, 8, heads=16, kv=8, head_dim=64, positions=length), "vocab": 32768,
+                       "length": length,
                        "bands": [(0, 256), (1024, 2048), (8192 if length > 8192 else 6144, length)]},
-                "update": {"shape": qwen3(2048, 28, 16, 8, 128, 40960) if big else qwen3(1024, 28, 16, 8, 128, 40960),
+                "update": {"shape": (qwen3(2048, 28, heads=16, kv=8, head_dim=128, positions=40960) if big
+                                     else qwen3(1024, 28, heads=16, kv=8, head_dim=128, positions=40960)),
                            "name": "Qwen3-1.7B" if big else "Qwen3-0.6B", "vocab": 151936,
                            "sequences": 8 if quick else 16, "mini_batch": 8, "prompt": 256, "median": 2000,
                            "cap": 12288, "budget": 32768, "draws": 1 if quick else 2}}
     length = 2048 if quick else 4096  # this CPU-sized model's bf16-buffer gap grows ~2x over 2,048 positions
-    return {"fit": {"shape": qwen3(64, 2, 2, 1, 32, 1024), "steps": 1 if quick else 2, "new_tokens": 8},
-            "kl": {"shape": qwen3(64, 2, 2, 1, 32, length), "vocab": 1024, "length": length,
+    return {"fit": {"shape": qwen3(64, 2, heads=2, kv=1, head_dim=32, positions=1024), "steps": 1 if quick else 2,
+                    "new_tokens": 8},
+            "kl": {"shape": qwen3(64, 2, heads=2, kv=1, head_dim=32, positions=length), "vocab": 1024,
+                   "length": length,
                    "bands": [(0, 256), (length // 4, length // 2), (3 * length // 4, length)]},
-            "update": {"shape": qwen3(64, 2, 2, 1, 32, 1024), "name": "small", "vocab": 2048,
-                       "sequences": 8, "mini_batch": 4, "prompt": 16, "median": 48, "cap": 192, "budget": 256,
-                       "draws": 1 if quick else 2}}
+            "update": {"shape": qwen3(64, 2, heads=2, kv=1, head_dim=32, positions=1024), "name": "small",
+                       "vocab": 2048, "sequences": 8, "mini_batch": 4, "prompt": 16, "median": 48, "cap": 192,
+                       "budget": 256, "draws": 1 if quick else 2}}
 
 
 def device_line() -> str:

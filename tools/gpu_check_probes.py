@@ -54,8 +54,8 @@ def kl_at_positions(model_dir: Path, length: int, bands: list[tuple[int, int]], 
     policy = policy.to(device).eval()
     seqs = make_sequences([length], 1, policy.config.vocab_size, seed=0).to(device)  # every position scored
     with torch.no_grad(), autocast(device):
-        mine = sequence_logprobs(policy, seqs, 1.0, 1024)[0][0].float()
-        theirs = sequence_logprobs(ref, seqs, 1.0, 1024)[0][0].float()
+        mine = sequence_logprobs(policy, seqs, temperature=1.0, chunk_size=1024)[0][0].float()
+        theirs = sequence_logprobs(ref, seqs, temperature=1.0, chunk_size=1024)[0][0].float()
     gap, k3 = (mine - theirs).abs(), low_var_kl(mine, theirs)
     rotary = {str(b.dtype) for name, b in ref.named_buffers() if "inv_freq" in name}
     return {"bands": [(lo, hi, float(gap[lo:hi].mean()), float(k3[lo:hi].mean())) for lo, hi in bands],
@@ -112,11 +112,11 @@ def one_update(model_dir: Path, device: torch.device, sequences: int, mini_batch
     vocab, cuda = policy.config.vocab_size, device.type == "cuda"
 
     def step(lengths: list[int], seed: int) -> float:
-        seqs = make_sequences(lengths, prompt, vocab, seed).to(device)
+        seqs = make_sequences(lengths, prompt, vocab=vocab, seed=seed).to(device)
         sync()
         start = time.perf_counter()
         with autocast(device):
-            update(policy, reference, seqs, 1.0, optimizer, scheduler)
+            update(policy, reference, seqs, temperature=1.0, optimizer=optimizer, scheduler=scheduler)
         sync()
         return time.perf_counter() - start
 
@@ -127,7 +127,7 @@ def one_update(model_dir: Path, device: torch.device, sequences: int, mini_batch
     step([prompt + 16] * 2, seed=1)
     measured = []
     for i in range(draws):
-        lengths = [prompt + r for r in responses("heavy", sequences, median, 1.0, cap, seed=i)]
+        lengths = [prompt + r for r in responses("heavy", sequences, median=median, sigma=1.0, cap=cap, seed=i)]
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         else:
@@ -136,7 +136,8 @@ def one_update(model_dir: Path, device: torch.device, sequences: int, mini_batch
         seconds = step(lengths, seed=10 + i)
         peak = torch.cuda.max_memory_allocated(device) / GIB if cuda else _vm_hwm_gib()
         measured.append({"seconds": seconds, "tokens": sum(lengths), "longest": max(lengths), "peak_gib": peak,
-                         "flops": update_flops(counted_weights(policy), lengths, prompt, mini_batch, kl=True)})
+                         "flops": update_flops(counted_weights(policy), lengths, prompt=prompt, mini_batch=mini_batch,
+                                               kl=True)})
     params = sum(p.numel() for p in policy.parameters())
     return {"draws": measured, "params": params, "skipped": update.skipped_steps}
 

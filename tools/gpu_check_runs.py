@@ -144,7 +144,7 @@ def fit_and_resume(name: str, config: dict, work: Path, steps: int, timeout: flo
     first = root / "checkpoints" / f"step={steps}.ckpt"
     for stage, extra in (("fit", []), ("resume", ["--trainer.max_steps", str(2 * steps), "--ckpt_path", str(first)])):
         code, seconds, tail = run(["-m", "evolrl", "fit", "--config", str(path), *extra], work / f"{name}-{stage}.log",
-                                  timeout, work)
+                                  timeout=timeout, cwd=work)
         wanted = root / "checkpoints" / f"step={steps * (1 + (stage == 'resume'))}.ckpt"
         out[stage] = {"code": code, "seconds": seconds, "tail": tail, "checkpoint": wanted.exists()}
         if code or not wanted.exists():

@@ -58,7 +58,8 @@ def worker(loading: str, model: str, precision: str) -> None:
     if loading == "every-rank":
         policy, reference = build_every_rank(model, True, mesh)
     else:
-        policy, reference = build_models(model, Dtypes.resolve(precision, "float32"), True, mesh, torch.device("cpu"))
+        policy, reference = build_models(model, Dtypes.resolve(precision, "float32"), with_reference=True, mesh=mesh,
+                                         device=torch.device("cpu"))
     dist.barrier()
     peak = status_mib("VmHWM")
     numel = sum(p.numel() for p in policy.parameters())
@@ -108,7 +109,7 @@ def main() -> None:
         return worker(a.worker, a.model, a.precision)
     with tempfile.TemporaryDirectory() as tmp:
         model = a.model or random_llama(Path(tmp) / "llama")
-        results = {loading: measure(loading, model, a.precision, a.ranks) for loading in LOADINGS}
+        results = {loading: measure(loading, model, precision=a.precision, ranks=a.ranks) for loading in LOADINGS}
     params = results["rank0"][0]["params"]
     print(f"model {a.model or 'random Llama'}: {params / 1e6:.0f}M parameters ({params * 4 / 2**20:.0f} MiB in fp32); "
           f"precision {a.precision}; {a.ranks} CPU ranks (gloo)")

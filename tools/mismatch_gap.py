@@ -50,7 +50,7 @@ def configured(configs: list[str], engine_dtype: str | None, precision: str | No
 def measure(configs: list[str], steps: int, engine_dtype: str | None, precision: str | None,
             model: str | None) -> dict:
     """``{correction: mismatch summary}`` over ``steps`` training steps' responses, and what was measured."""
-    module, datamodule, precision = configured(configs, engine_dtype, precision, model)
+    module, datamodule, precision = configured(configs, engine_dtype, precision=precision, model=model)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     datamodule.setup("fit")
     rollouts, update = datamodule.rollouts, module.update
@@ -96,7 +96,8 @@ def main() -> None:
     parser.add_argument("--model", help="override the model")
     args = parser.parse_args()
     start = time.perf_counter()
-    result = measure(args.config or [str(DEMO)], args.steps, args.engine_dtype, args.precision, args.model)
+    result = measure(args.config or [str(DEMO)], args.steps, engine_dtype=args.engine_dtype, precision=args.precision,
+                     model=args.model)
     print(f"{result['model']}: vLLM {result['engine_dtype']}, trainer {result['precision']}, temperature "
           f"{result['temperature']}: {result['responses']} responses, {result['tokens']} tokens "
           f"({time.perf_counter() - start:.0f} s)")

@@ -107,7 +107,7 @@ def main() -> None:
     labels = args.labels or [str(r) for r in args.runs]
     if len(labels) != len(args.runs):
         parser.error(f"{len(args.runs)} runs but {len(labels)} labels")
-    print(plot(args.runs, labels, args.out, args.eval_set, args.pass_k))
+    print(plot(args.runs, labels, out=args.out, eval_set=args.eval_set, pass_k=args.pass_k))
 
 
 if __name__ == "__main__":

@@ -159,7 +159,8 @@ def run(a: argparse.Namespace) -> None:
                 shutil.rmtree(directory)
             directory.mkdir(parents=True)
             overlay = directory.parent / f"seed{seed}.yaml"
-            overlay.write_text(yaml.safe_dump(run_overlay(out, method, seed, a.smoke, a.steps, a.float32)))
+            overlay.write_text(yaml.safe_dump(run_overlay(out, method, seed=seed, smoke=a.smoke, steps=a.steps,
+                                                          float32=a.float32)))
             start = time.perf_counter()
             code = fit(run_configs(a.task, method) + [str(overlay)], directory, env)
             seconds = time.perf_counter() - start
@@ -258,7 +259,7 @@ def summary(a: argparse.Namespace) -> None:
         if runs[m]:
             print(f"\n{METHODS[m][0]}, {runs[m][0].name}, the last sampled responses logged, {last_samples(runs[m][0])}")
     figure = plot([d for m in a.methods for d in runs[m]], [METHODS[m][0] for m in a.methods for _ in runs[m]],
-                  Path(a.figure), EVAL_SET, pass_k=16)
+                  out=Path(a.figure), eval_set=EVAL_SET, pass_k=16)
     print(f"figure: {figure}")
 
 
@@ -313,7 +314,7 @@ def probe(a: argparse.Namespace) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     tables = {}
     for name, (temperature, top_p) in SAMPLINGS.items():
-        directory = validate(out, name, probe_overlay(out, name, temperature, top_p), env)
+        directory = validate(out, name, overlay=probe_overlay(out, name, temperature=temperature, top_p=top_p), env=env)
         tables[name] = json.loads((directory / "val_metrics.json").read_text())
     print("| task | pass@1 | pass@8 | pass@16 | maj@16 | label accuracy (vote of 16 at T 0.7) |")
     print("|---|---|---|---|---|---|")
@@ -350,10 +351,10 @@ def probe_word(a: argparse.Namespace) -> None:
         cells = {}
         for sampling in a.samplings:
             temperature, top_p = SAMPLINGS[sampling]
-            overlay = probe_overlay(out, f"word{i}/{sampling}", temperature, top_p, sets=sets,
+            overlay = probe_overlay(out, f"word{i}/{sampling}", temperature=temperature, top_p=top_p, sets=sets,
                                     max_new_tokens=task["max_new_tokens"], system_prompt=task["system_prompt"],
                                     eval_prompts_per_batch=16)  # larger generate calls: more tokens/s on a CPU
-            directory = validate(out, f"word{i}/{sampling}", overlay, env)
+            directory = validate(out, f"word{i}/{sampling}", overlay=overlay, env=env)
             table = json.loads((directory / "val_metrics.json").read_text())["task"]
             measures = response_measures(read_rows(next(directory.glob("val_responses_step*.jsonl"))), tokenizer)
             cells[sampling] = {**table, **measures}

@@ -78,7 +78,7 @@ def _head_scores(hidden: Tensor, weight: Tensor, bias: Tensor | None, tokens: Te
         b = None if bias is None else bias.to(dtype)
         for start in range(0, rows, chunk_size):
             rows_ = slice(start, start + chunk_size)
-            logq = _scaled_logits(hidden[rows_], w, b, temperature, softmax_dtype)
+            logq = _scaled_logits(hidden[rows_], w, bias=b, temperature=temperature, softmax_dtype=softmax_dtype)
             out["lse"][rows_] = torch.logsumexp(logq, dim=-1)
             logq.sub_(out["lse"][rows_, None])  # log p, in place
             out["logp"][rows_] = logq.gather(-1, tokens[rows_, None]).squeeze(-1)
@@ -95,7 +95,7 @@ class _HeadLogprobEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, tokens: Tensor, temperature: float,
                 chunk_size: int) -> tuple[Tensor, Tensor]:
-        out = _head_scores(hidden, weight, bias, tokens, temperature, chunk_size)
+        out = _head_scores(hidden, weight, bias=bias, tokens=tokens, temperature=temperature, chunk_size=chunk_size)
         # The compute-dtype copies, not the weights: the backward then casts nothing (a [V, H] copy per pass saved).
         ctx.save_for_backward(hidden, out["w"], out["b"], tokens, out["lse"], out["entropy"])
         ctx.weight_dtype, ctx.bias_dtype = weight.dtype, None if bias is None else bias.dtype
@@ -119,10 +119,11 @@ class _HeadLogprobEntropy(torch.autograd.Function):
             for start in range(0, hidden.shape[0], ctx.chunk_size):
                 rows_ = slice(start, start + ctx.chunk_size)
                 h = hidden[rows_].to(dtype)
-                logq = _scaled_logits(h, w, b, ctx.temperature, softmax_dtype).sub_(lse[rows_, None])
-                grad = _grad_scaled_logits(logq, tokens[rows_], entropy[rows_],
-                                           None if grad_logp is None else grad_logp[rows_],
-                                           None if grad_entropy is None else grad_entropy[rows_])
+                logq = _scaled_logits(h, w, bias=b, temperature=ctx.temperature,
+                                      softmax_dtype=softmax_dtype).sub_(lse[rows_, None])
+                grad = _grad_scaled_logits(logq, tokens[rows_], entropy=entropy[rows_],
+                                           grad_logp=None if grad_logp is None else grad_logp[rows_],
+                                           grad_entropy=None if grad_entropy is None else grad_entropy[rows_])
                 grad = grad.div_(ctx.temperature)  # dx/dlogits = 1/T
                 if grad_bias is not None:
                     grad_bias += grad.sum(0)
@@ -177,6 +178,6 @@ def head_token_stats(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     n, length, width = hidden.shape
-    out = _head_scores(hidden.reshape(n * length, width), weight, bias, tokens.reshape(n * length), temperature,
-                       chunk_size, vocab_mean=True)
+    out = _head_scores(hidden.reshape(n * length, width), weight, bias=bias, tokens=tokens.reshape(n * length),
+                       temperature=temperature, chunk_size=chunk_size, vocab_mean=True)
     return tuple(out[k].view(n, length) for k in ("logp", "entropy", "mean_logp"))

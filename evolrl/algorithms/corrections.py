@@ -90,7 +90,7 @@ class SequenceMask(MismatchCorrection):
     """A sequence whose ratio is above this is masked; finite and above 1 (TRL's default, 3.0)."""
 
     def __post_init__(self) -> None:
-        check_float("SequenceMask.low", self.low, 0.0, 1.0, high_open=True)
+        check_float("SequenceMask.low", self.low, low=0.0, high=1.0, high_open=True)
         check_float("SequenceMask.high", self.high, 1.0, low_open=True)
 
     def weights(self, delta: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

@@ -74,9 +74,10 @@ class CollapseMonitor(TrainViewCallback):
                 "response_length": "length_fraction", "reward_accuracy": "reward_accuracy"}
         for name, value, _, _ in self.criteria:
             check_float(f"CollapseMonitor.{keys[name]}", value, 0.0)
-        require(bool(self.criteria), "CollapseMonitor", "no criterion", "at least one criterion that is not null")
+        require(bool(self.criteria), "CollapseMonitor", "no criterion",
+                allowed="at least one criterion that is not null")
         check_int("CollapseMonitor.window", window, 1)
-        require(isinstance(stop, bool), "CollapseMonitor.stop", stop, "true or false")
+        require(isinstance(stop, bool), "CollapseMonitor.stop", stop, allowed="true or false")
         self.keys, self.window, self.stop = keys, window, stop
         self.history: list[dict[str, float]] = []
         """Per step seen: the measures of the criteria."""

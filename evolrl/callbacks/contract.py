@@ -91,8 +91,8 @@ def evolrl_eval_view(outputs: Any, batch: Any) -> EvalView | None:
     if not isinstance(outputs, EvalOutput):
         return None
     rollouts = outputs.rollouts
-    return EvalView(outputs.dataset, outputs.answers, outputs.correct, rollouts.weights_version,
-                    [p.id for p in rollouts.prompts], rollouts=rollouts)
+    return EvalView(outputs.dataset, outputs.answers, correct=outputs.correct, step=rollouts.weights_version,
+                    ids=[p.id for p in rollouts.prompts], rollouts=rollouts)
 
 
 class TrainViewCallback(L.Callback):
@@ -105,8 +105,8 @@ class TrainViewCallback(L.Callback):
 
     def __init__(self, extract: Callable[[Any, Any], TrainView | None] = evolrl_train_view, prefix: str = "train/"):
         name = type(self).__name__
-        require(callable(extract), f"{name}.extract", extract, "a callable (outputs, batch) -> TrainView")
-        require(isinstance(prefix, str) and bool(prefix), f"{name}.prefix", prefix, "a non-empty string")
+        require(callable(extract), f"{name}.extract", extract, allowed="a callable (outputs, batch) -> TrainView")
+        require(isinstance(prefix, str) and bool(prefix), f"{name}.prefix", prefix, allowed="a non-empty string")
         self.extract = extract
         self.prefix = prefix
 

@@ -28,9 +28,9 @@ class EvalResponses(L.Callback):
 
     def __init__(self, extract: Callable[[Any, Any], EvalView | None] = evolrl_eval_view,
                  output_dir: str | None = None) -> None:
-        require(callable(extract), "EvalResponses.extract", extract, "a callable (outputs, batch) -> EvalView")
+        require(callable(extract), "EvalResponses.extract", extract, allowed="a callable (outputs, batch) -> EvalView")
         require(output_dir is None or (isinstance(output_dir, str) and bool(output_dir)), "EvalResponses.output_dir",
-                output_dir, "None (the logger's directory) or a non-empty path")
+                output_dir, allowed="None (the logger's directory) or a non-empty path")
         self.extract = extract
         self.output_dir = output_dir
         self.rows: list[dict] = []

@@ -46,9 +46,9 @@ class PassAtK(L.Callback):
     ) -> None:
         self.pass_ks = None if pass_ks is None else check_ks("PassAtK.pass_ks", pass_ks)
         self.maj_ks = None if maj_ks is None else check_ks("PassAtK.maj_ks", maj_ks)
-        require(callable(extract), "PassAtK.extract", extract, "a callable (outputs, batch) -> EvalView")
+        require(callable(extract), "PassAtK.extract", extract, allowed="a callable (outputs, batch) -> EvalView")
         require(output_dir is None or (isinstance(output_dir, str) and bool(output_dir)), "PassAtK.output_dir",
-                output_dir, "None (the logger's directory) or a non-empty path")
+                output_dir, allowed="None (the logger's directory) or a non-empty path")
         self.extract = extract
         self.output_dir = output_dir
         self.metrics: dict[str, EvalScores] = {}
@@ -137,10 +137,10 @@ class PassAtK(L.Callback):
     on_test_epoch_start = on_validation_epoch_start
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._collect(trainer, pl_module, outputs, batch)
+        self._collect(trainer, pl_module, outputs=outputs, batch=batch)
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._collect(trainer, pl_module, outputs, batch)
+        self._collect(trainer, pl_module, outputs=outputs, batch=batch)
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         self._report(trainer, pl_module, "val")

@@ -54,8 +54,8 @@ class SampleLogger(L.Callback):
     ) -> None:
         check_int("SampleLogger.rows", rows, 1)
         check_int("SampleLogger.every_n_steps", every_n_steps, 1)
-        require(callable(extract), "SampleLogger.extract", extract, "a callable (outputs, batch) -> TrainView")
-        require(isinstance(tag, str) and bool(tag), "SampleLogger.tag", tag, "a non-empty string")
+        require(callable(extract), "SampleLogger.extract", extract, allowed="a callable (outputs, batch) -> TrainView")
+        require(isinstance(tag, str) and bool(tag), "SampleLogger.tag", tag, allowed="a non-empty string")
         self.rows = rows
         self.every_n_steps = every_n_steps
         self.extract = extract

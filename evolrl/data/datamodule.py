@@ -109,9 +109,10 @@ class RolloutDataModule(L.LightningDataModule):
         self.seeds = Seeds(0 if seed is None else seed)
         if eval_sampling is None:
             eval_sampling = Sampling(temperature=0.6, top_p=0.95, max_new_tokens=sampling.max_new_tokens)
-        self.rollouts = Rollouts(engine if engine is not None else VLLMEngine(), sampling, eval_sampling,
-                                 prompts_per_step, vote_samples, trained_samples, eval_samples,
-                                 eval_prompts_per_batch, self.seeds)
+        self.rollouts = Rollouts(engine if engine is not None else VLLMEngine(), sampling, eval_sampling=eval_sampling,
+                                 prompts_per_step=prompts_per_step, vote_samples=vote_samples,
+                                 trained_samples=trained_samples, eval_samples=eval_samples,
+                                 eval_prompts_per_batch=eval_prompts_per_batch, seeds=self.seeds)
         """Published to the module: the engine, the sampling and the weights version."""
         self.max_prompt_tokens = max_prompt_tokens
         self.system_prompt = system_prompt
@@ -163,14 +164,15 @@ class RolloutDataModule(L.LightningDataModule):
         # part of each checkpoint, so a resumed run sees the same next batches.
         if self._train_loader is None:
             rank, world = self._rank_and_world()
-            self._train_loader = PromptLoader(self.train_items, self.rollouts.prompts_per_step, self._request,
-                                              self.shuffle, self.seeds, rank, world)
+            self._train_loader = PromptLoader(self.train_items, self.rollouts.prompts_per_step,
+                                              make_batch=self._request, shuffle=self.shuffle, seeds=self.seeds,
+                                              rank=rank, world_size=world)
         return self._train_loader
 
     def _eval_loaders(self) -> list[DataLoader]:
         def request(items, eval_set):
             return RolloutRequest(tuple(p for p, _ in items), tuple(ids for _, ids in items),
-                                  self.rollouts.sample_eval, eval_set)
+                                  sampler=self.rollouts.sample_eval, eval_set=eval_set)
 
         return [
             DataLoader(items, batch_size=self.rollouts.eval_prompts_per_batch, shuffle=False,

@@ -21,11 +21,11 @@ class EvalSet:
 
     def __init__(self, source: PromptSource, name: str, grader: Grader | None = None) -> None:
         require(isinstance(source, PromptSource), "EvalSet.source", source,
-                "a prompt source (evolrl.data.PromptFile, HubDataset or AdditionPrompts)")
+                allowed="a prompt source (evolrl.data.PromptFile, HubDataset or AdditionPrompts)")
         require(isinstance(name, str) and bool(name.strip()) and "/" not in name, "EvalSet.name", name,
-                "a non-empty name without '/', e.g. 'math500'")
+                allowed="a non-empty name without '/', e.g. 'math500'")
         require(grader is None or isinstance(grader, Grader), "EvalSet.grader", grader,
-                "an evolrl.metrics.grading.Grader (MathGrader, ChoiceGrader), or null for MathGrader")
+                allowed="an evolrl.metrics.grading.Grader (MathGrader, ChoiceGrader), or null for MathGrader")
         self.source = source
         self.name = name
         self.grader: Grader = grader if grader is not None else MathGrader()

@@ -30,7 +30,8 @@ class AdditionPrompts(PromptSource):
         check_int("AdditionPrompts.max_operand", max_operand, 0)
         check_int("AdditionPrompts.seed", seed, 0)
         check_int("AdditionPrompts.terms", terms, 2)
-        require(isinstance(instruction, str), "AdditionPrompts.instruction", instruction, "a string (may be empty)")
+        require(isinstance(instruction, str), "AdditionPrompts.instruction", instruction,
+                allowed="a string (may be empty)")
         self.count = count
         self.max_operand = max_operand
         self.seed = seed
@@ -44,5 +45,5 @@ class AdditionPrompts(PromptSource):
         for i in range(self.count):
             numbers = [rng.randint(0, self.max_operand) for _ in range(self.terms)]
             question = f"What is {' + '.join(map(str, numbers))}? {self.instruction}".strip()
-            prompts.append(Prompt(f"add-{i}", question, str(sum(numbers)), "addition"))
+            prompts.append(Prompt(f"add-{i}", question, answer=str(sum(numbers)), source="addition"))
         return prompts

@@ -42,7 +42,7 @@ class PromptSource(ABC):
 def _check_text(key: str, value: Any, what: str, optional: bool = False) -> None:
     """``value`` is a non-empty string (or ``None`` when ``optional``)."""
     ok = (optional and value is None) or (isinstance(value, str) and bool(value.strip()))
-    require(ok, key, value, f"{what} (a non-empty string)" + (", or null" if optional else ""))
+    require(ok, key, value, allowed=f"{what} (a non-empty string)" + (", or null" if optional else ""))
 
 
 def _check_fields(owner: str, question_field: Any, answer_field: Any, id_field: Any, limit: Any) -> None:
@@ -102,7 +102,7 @@ def rows_to_prompts(
                 f"{where}, row {index}: id {prompt_id!r} already used by row {seen[prompt_id]}; ids must be unique"
             )
         seen[prompt_id] = index
-        prompts.append(Prompt(prompt_id, question, None if answer is None else str(answer), where))
+        prompts.append(Prompt(prompt_id, question, answer=None if answer is None else str(answer), source=where))
     if not prompts:
         raise DataError(f"{where}: no rows")
     return prompts
@@ -129,8 +129,8 @@ class PromptFile(PromptSource):
         limit: int | None = None,
     ) -> None:
         require(isinstance(path, os.PathLike) or (isinstance(path, str) and bool(path.strip())), "PromptFile.path",
-                path, "a .json, .jsonl or .parquet file (a non-empty string)")
-        _check_fields("PromptFile", question_field, answer_field, id_field, limit)
+                path, allowed="a .json, .jsonl or .parquet file (a non-empty string)")
+        _check_fields("PromptFile", question_field, answer_field=answer_field, id_field=id_field, limit=limit)
         self.path = path
         self.question_field = question_field
         self.answer_field = answer_field
@@ -169,7 +169,8 @@ class PromptFile(PromptSource):
 
     def load(self) -> list[Prompt]:
         rows = self._rows()[: self.limit]
-        return rows_to_prompts(rows, self.path, self.question_field, self.answer_field, self.id_field)
+        return rows_to_prompts(rows, self.path, question_field=self.question_field, answer_field=self.answer_field,
+                               id_field=self.id_field)
 
 
 class HubDataset(PromptSource):
@@ -195,7 +196,7 @@ class HubDataset(PromptSource):
         _check_text("HubDataset.name", name, "a dataset name on the Hub, or a local dataset directory")
         _check_text("HubDataset.split", split, "a split name, e.g. 'train'")
         _check_text("HubDataset.subset", subset, "a dataset configuration name", optional=True)
-        _check_fields("HubDataset", question_field, answer_field, id_field, limit)
+        _check_fields("HubDataset", question_field, answer_field=answer_field, id_field=id_field, limit=limit)
         self.name = name
         self.split = split
         self.subset = subset
@@ -215,4 +216,5 @@ class HubDataset(PromptSource):
             raise DataError(f"could not load dataset {self.name!r} (split {self.split!r}): {err}") from err
         rows = table.select(range(min(self.limit, len(table)))) if self.limit else table
         where = f"{self.name}[{self.split}]"
-        return rows_to_prompts(rows, where, self.question_field, self.answer_field, self.id_field)
+        return rows_to_prompts(rows, where, question_field=self.question_field, answer_field=self.answer_field,
+                               id_field=self.id_field)

@@ -39,7 +39,8 @@ class WordProblems(PromptSource):
         check_int("WordProblems.steps", steps, 1)
         check_int("WordProblems.max_number", max_number, 1)
         check_int("WordProblems.seed", seed, 0)
-        require(isinstance(instruction, str), "WordProblems.instruction", instruction, "a string (may be empty)")
+        require(isinstance(instruction, str), "WordProblems.instruction", instruction,
+                allowed="a string (may be empty)")
         self.count = count
         self.steps = steps
         self.max_number = max_number
@@ -67,5 +68,6 @@ class WordProblems(PromptSource):
         prompts = []
         for i in range(self.count):
             question, answer = self.story(rng)
-            prompts.append(Prompt(f"word-{i}", f"{question} {self.instruction}".strip(), str(answer), "word problems"))
+            prompts.append(Prompt(f"word-{i}", f"{question} {self.instruction}".strip(), answer=str(answer),
+                                  source="word problems"))
         return prompts

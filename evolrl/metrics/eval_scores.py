@@ -50,10 +50,10 @@ def problem_key(problem_id: Hashable) -> int:
 def check_ks(key: str, ks: Any, allow_empty: bool = False) -> tuple[int, ...]:
     """``ks`` as a tuple of distinct integers >= 1 (in the given order); a :class:`SettingError` otherwise."""
     allowed = "a list of integers >= 1" if allow_empty else "a non-empty list of integers >= 1"
-    require(isinstance(ks, Sequence) and not isinstance(ks, str), key, ks, allowed)
-    require(allow_empty or len(ks) > 0, key, ks, allowed)
+    require(isinstance(ks, Sequence) and not isinstance(ks, str), key, ks, allowed=allowed)
+    require(allow_empty or len(ks) > 0, key, ks, allowed=allowed)
     for k in ks:
-        require(isinstance(k, int) and not isinstance(k, bool) and k >= 1, key, ks, allowed)
+        require(isinstance(k, int) and not isinstance(k, bool) and k >= 1, key, ks, allowed=allowed)
     return tuple(dict.fromkeys(ks))
 
 
@@ -171,7 +171,7 @@ class EvalScores(_ProblemScores):
     def __init__(self, pass_ks: Sequence[int] = (1,), maj_ks: Sequence[int] = (), **kwargs: Any) -> None:
         pass_ks = check_ks("EvalScores.pass_ks", pass_ks, allow_empty=True)
         maj_ks = check_ks("EvalScores.maj_ks", maj_ks, allow_empty=True)
-        require(bool(pass_ks or maj_ks), "EvalScores.pass_ks", pass_ks, "at least one k in pass_ks or maj_ks")
+        require(bool(pass_ks or maj_ks), "EvalScores.pass_ks", pass_ks, allowed="at least one k in pass_ks or maj_ks")
         super().__init__(pass_ks, maj_ks, **kwargs)
 
     def compute(self) -> dict[str, Tensor]:

@@ -34,7 +34,8 @@ class MathGrader(Grader):
     """
 
     def __init__(self, number_fallback: bool = True, fallback_rule: FallbackRule = "last_number") -> None:
-        require(isinstance(number_fallback, bool), "MathGrader.number_fallback", number_fallback, "true or false")
+        require(isinstance(number_fallback, bool), "MathGrader.number_fallback", number_fallback,
+                allowed="true or false")
         check_choice("MathGrader.fallback_rule", fallback_rule, FALLBACK_RULES)
         self.number_fallback = number_fallback
         self.fallback_rule = fallback_rule
@@ -55,8 +56,8 @@ class ChoiceGrader(Grader):
     def __init__(self, choices: str = "ABCD", text_fallback: bool = True) -> None:
         letters = isinstance(choices, str) and bool(choices) and all("A" <= c <= "Z" for c in choices)
         require(letters and len(set(choices)) == len(choices), "ChoiceGrader.choices", choices,
-                "a non-empty string of distinct capital letters, e.g. 'ABCD'")
-        require(isinstance(text_fallback, bool), "ChoiceGrader.text_fallback", text_fallback, "true or false")
+                allowed="a non-empty string of distinct capital letters, e.g. 'ABCD'")
+        require(isinstance(text_fallback, bool), "ChoiceGrader.text_fallback", text_fallback, allowed="true or false")
         self.choices = choices
         self.text_fallback = text_fallback
 

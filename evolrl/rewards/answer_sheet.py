@@ -45,7 +45,7 @@ class AnswerReward(Reward):
                  fallback_rule: FallbackRule = "last_number") -> None:
         name = type(self).__name__
         check_choice(f"{name}.valid_rule", valid_rule, VALID_RULES)
-        require(isinstance(number_fallback, bool), f"{name}.number_fallback", number_fallback, "true or false")
+        require(isinstance(number_fallback, bool), f"{name}.number_fallback", number_fallback, allowed="true or false")
         check_choice(f"{name}.fallback_rule", fallback_rule, FALLBACK_RULES)
         self.valid_rule = valid_rule
         self.number_fallback = number_fallback

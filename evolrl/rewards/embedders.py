@@ -74,15 +74,17 @@ class SentenceTransformerEmbedder(Embedder):
     ) -> None:
         name = "SentenceTransformerEmbedder"
         require(model is None or (isinstance(model, str) and bool(model.strip())), f"{name}.model", model,
-                "a Hub name or a directory (a non-empty string), or null for the packaged all-MiniLM-L6-v2")
+                allowed="a Hub name or a directory (a non-empty string), or null for the packaged all-MiniLM-L6-v2")
         require(device is None or _is_device(device), f"{name}.device", device,
-                "a torch device such as 'cpu', 'cuda' or 'cuda:1', or null for this process's GPU (else the CPU)")
+                allowed="a torch device such as 'cpu', 'cuda' or 'cuda:1', or null for this process's GPU "
+                "(else the CPU)")
         check_int(f"{name}.batch_size", batch_size, 1)
         if max_seq_length is not None:
             check_int(f"{name}.max_seq_length", max_seq_length, 1)
         if dtype is not None:
             check_choice(f"{name}.dtype", dtype, EMBEDDER_DTYPES)
-        require(isinstance(trust_remote_code, bool), f"{name}.trust_remote_code", trust_remote_code, "true or false")
+        require(isinstance(trust_remote_code, bool), f"{name}.trust_remote_code", trust_remote_code,
+                allowed="true or false")
         self.model_name = model
         self.device = device
         self.batch_size = batch_size

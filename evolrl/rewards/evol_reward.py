@@ -33,7 +33,7 @@ class EvolReward(AnswerReward):
     ) -> None:
         super().__init__(valid_rule, number_fallback, fallback_rule)
         require(novelty is None or isinstance(novelty, NoveltyBands), "EvolReward.novelty", novelty,
-                "an evolrl.rewards.NoveltyBands or null for the default one")
+                allowed="an evolrl.rewards.NoveltyBands or null for the default one")
         self.bands = novelty if novelty is not None else NoveltyBands()
 
     def __call__(self, batch: RolloutBatch) -> RewardOutput:

@@ -75,9 +75,9 @@ def band_rewards(novelty: Tensor, is_majority: Tensor, is_valid: Tensor) -> Tens
 
 def evol_rewards_batched(embeddings: Tensor, is_majority: Tensor, is_valid: Tensor, alpha: float = 0.5) -> Tensor:
     """EVOL-RL rewards ``[P, V]`` from embeddings ``[P, V, D]`` and bool masks ``[P, V]``."""
-    return band_rewards(novelty_scores(embeddings, is_majority, is_valid, alpha), is_majority, is_valid)
+    return band_rewards(novelty_scores(embeddings, is_majority, is_valid=is_valid, alpha=alpha), is_majority, is_valid)
 
 
 def evol_rewards(embeddings: Tensor, is_majority: Tensor, is_valid: Tensor, alpha: float = 0.5) -> Tensor:
     """EVOL-RL rewards ``[V]`` for one prompt: embeddings ``[V, D]``, bool masks ``[V]``."""
-    return evol_rewards_batched(embeddings[None], is_majority[None], is_valid[None], alpha)[0]
+    return evol_rewards_batched(embeddings[None], is_majority[None], is_valid=is_valid[None], alpha=alpha)[0]

@@ -56,8 +56,8 @@ class NoveltyBands:
 
     def __init__(self, embedder: Embedder | None = None, alpha: float = 0.5, novelty_text: NoveltyText = "response"):
         require(embedder is None or isinstance(embedder, Embedder), "NoveltyBands.embedder", embedder,
-                "an evolrl.rewards.Embedder (e.g. SentenceTransformerEmbedder) or null for the packaged MiniLM")
-        check_float("NoveltyBands.alpha", alpha, 0.0, 1.0)
+                allowed="an evolrl.rewards.Embedder (e.g. SentenceTransformerEmbedder) or null for the packaged MiniLM")
+        check_float("NoveltyBands.alpha", alpha, low=0.0, high=1.0)
         check_choice("NoveltyBands.novelty_text", novelty_text, NOVELTY_TEXTS)
         self.embedder = embedder if embedder is not None else SentenceTransformerEmbedder()
         self.alpha = alpha
@@ -90,5 +90,5 @@ class NoveltyBands:
                  spans: Sequence[Sequence[AnswerSpan | None]] | None = None) -> tuple[Tensor, Tensor]:
         """``(rewards, novelty)``, each ``[P, V]``; ``selected`` marks the upper band (majority or correct);
         ``spans``: where each answer was read, ``[P][V]`` (needed by ``until_answer``)."""
-        novelty = novelty_scores(self.embed(batch, valid, spans), selected, valid, self.alpha)
+        novelty = novelty_scores(self.embed(batch, valid, spans), selected, is_valid=valid, alpha=self.alpha)
         return band_rewards(novelty, selected, valid), novelty

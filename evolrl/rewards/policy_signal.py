@@ -49,7 +49,7 @@ class PolicySignal:
             return ((values.float() * mask).sum(-1) / tokens).view(trained.shape).cpu()
 
         certainty = -math.log(vocabulary) - mean_logp.float()
-        return PolicySignal(trained, mean(entropy), mean(certainty), mean(logp))
+        return PolicySignal(trained, mean(entropy), self_certainty=mean(certainty), logprob=mean(logp))
 
     def per_response(self, values: Tensor, vote_samples: int) -> Tensor:
         """``[P, G]`` values placed at their responses in ``[P, V]``; NaN where a response was not trained on."""

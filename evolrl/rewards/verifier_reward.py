@@ -36,7 +36,7 @@ class VerifierReward(AnswerReward):
     ) -> None:
         super().__init__(valid_rule, number_fallback, fallback_rule)
         require(novelty is None or isinstance(novelty, NoveltyBands), "VerifierReward.novelty", novelty,
-                "an evolrl.rewards.NoveltyBands, or null for the plain 0/1 verifier")
+                allowed="an evolrl.rewards.NoveltyBands, or null for the plain 0/1 verifier")
         self.bands = novelty
 
     def __call__(self, batch: RolloutBatch) -> RewardOutput:

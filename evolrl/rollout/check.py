@@ -27,7 +27,7 @@ def sampler_logprob_gap(engine: RolloutEngine, policy: nn.Module, prompts: Seque
                          f"top_p {sampling.top_p}, top_k {sampling.top_k}")
     device = next(policy.parameters()).device
     gaps = []
-    for group in engine.generate(prompts, prompt_ids, sampling, n, seed):
+    for group in engine.generate(prompts, prompt_ids, sampling=sampling, n=n, seed=seed):
         if not group.sampler_logprobs:
             raise ValueError(f"{type(engine).__name__} does not report the log-probs of the tokens it samples")
         for response, reported in zip(group.response_ids, group.sampler_logprobs):

@@ -33,9 +33,9 @@ class Sampling:
 
     def __post_init__(self) -> None:
         check_float("Sampling.temperature", self.temperature, 0.0, low_open=True)
-        check_float("Sampling.top_p", self.top_p, 0.0, 1.0, low_open=True)
+        check_float("Sampling.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
         require(self.top_k == -1 or (isinstance(self.top_k, int) and self.top_k >= 1), "Sampling.top_k", self.top_k,
-                "-1 (off) or an integer >= 1")
+                allowed="-1 (off) or an integer >= 1")
         check_int("Sampling.max_new_tokens", self.max_new_tokens, 1)
 
 

@@ -26,8 +26,9 @@ from evolrl.settings import require
 def check_engine(mismatch_correction: object | None, engine: RolloutEngine) -> None:
     """SettingError for a mismatch correction with an engine that does not report the log-probs it sampled with."""
     require(mismatch_correction is None or engine.reports_logprobs, "GRPOLoss.mismatch_correction",
-            mismatch_correction, f"null (no correction) with {type(engine).__name__}, which does not report the "
-            "log-probs of the tokens it samples (the correction weighs tokens by them); use evolrl.rollout.VLLMEngine")
+            mismatch_correction,
+            allowed=f"null (no correction) with {type(engine).__name__}, which does not report the log-probs of the "
+            "tokens it samples (the correction weighs tokens by them); use evolrl.rollout.VLLMEngine")
 
 
 class EngineSync(L.Callback):

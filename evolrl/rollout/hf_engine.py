@@ -67,7 +67,8 @@ class HFEngine(RolloutEngine):
                     for i, ids in enumerate(chunk):
                         responses = out[i * n : (i + 1) * n]
                         groups.append(
-                            build_group(prompts[start + i], ids, responses, stops, sampling.max_new_tokens, tokenizer)
+                            build_group(prompts[start + i], ids, responses=responses, stops=stops,
+                                        max_new_tokens=sampling.max_new_tokens, tokenizer=tokenizer)
                         )
         finally:
             model.train(was_training)

@@ -42,7 +42,7 @@ class Rollouts:
         check_int("vote_samples", vote_samples, 1)
         check_int("trained_samples", trained_samples, 1)
         require(trained_samples <= vote_samples, "trained_samples", trained_samples,
-                f"at most vote_samples={vote_samples} (G of the V sampled responses are trained on)")
+                allowed=f"at most vote_samples={vote_samples} (G of the V sampled responses are trained on)")
         check_int("eval_samples", eval_samples, 1)
         check_int("eval_prompts_per_batch", eval_prompts_per_batch, 1)
         self.engine = engine
@@ -91,8 +91,8 @@ class Rollouts:
     def sample(self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]]) -> RolloutBatch:
         """V responses per prompt with the current weights, and the G of each group to train on (``trained``)."""
         version = self.engine.version
-        groups = self.engine.generate(prompts, prompt_ids, self.sampling, self.vote_samples,
-                                      self.seeds.sampling(version, self.rank))
+        groups = self.engine.generate(prompts, prompt_ids, sampling=self.sampling, n=self.vote_samples,
+                                      seed=self.seeds.sampling(version, self.rank))
         g = torch.Generator().manual_seed(self.seeds.trained_subset(version))
         trained = torch.stack(
             [torch.randperm(self.vote_samples, generator=g)[: self.trained_samples] for _ in groups]
@@ -103,8 +103,8 @@ class Rollouts:
     def sample_eval(self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]]) -> RolloutBatch:
         """``eval_samples`` responses per evaluation problem with the current weights."""
         version = self.engine.version
-        groups = self.engine.generate(prompts, prompt_ids, self.eval_sampling, self.eval_samples,
-                                      self.seeds.sampling(version, self.rank, evaluation=True))
+        groups = self.engine.generate(prompts, prompt_ids, sampling=self.eval_sampling, n=self.eval_samples,
+                                      seed=self.seeds.sampling(version, self.rank, evaluation=True))
         return RolloutBatch(tuple(groups), weights_version=version, temperature=self.eval_sampling.temperature)
 
     def state_dict(self) -> dict[str, int]:

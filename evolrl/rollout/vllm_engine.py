@@ -120,17 +120,18 @@ class VLLMEngine(RolloutEngine):
     ) -> None:
         super().__init__()
         check_choice("VLLMEngine.dtype", dtype, ("bfloat16", "float16", "float32"))
-        check_float("VLLMEngine.gpu_memory_utilization", gpu_memory_utilization, 0.0, 1.0, low_open=True)
+        check_float("VLLMEngine.gpu_memory_utilization", gpu_memory_utilization, low=0.0, high=1.0, low_open=True)
         if kv_cache_gib is not None:
             check_float("VLLMEngine.kv_cache_gib", kv_cache_gib, 0.0, low_open=True)
         if max_model_len is not None:
             check_int("VLLMEngine.max_model_len", max_model_len, 1)
         check_int("VLLMEngine.tensor_parallel_size", tensor_parallel_size, 1)
-        check_int("VLLMEngine.sleep_level", sleep_level, 0, 2)
+        check_int("VLLMEngine.sleep_level", sleep_level, low=0, high=2)
         if max_num_seqs is not None:
             check_int("VLLMEngine.max_num_seqs", max_num_seqs, 1)
         require(sleep_level == 0 or torch.cuda.is_available(), "VLLMEngine.sleep_level", sleep_level,
-                "0 here: sleep mode needs a CUDA GPU (vLLM frees and maps back GPU memory), and torch sees none")
+                allowed="0 here: sleep mode needs a CUDA GPU (vLLM frees and maps back GPU memory), "
+                "and torch sees none")
         self.dtype = dtype
         self.gpu_memory_utilization = gpu_memory_utilization
         self.kv_cache_gib = kv_cache_gib
@@ -164,7 +165,8 @@ class VLLMEngine(RolloutEngine):
             warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\(.*sync_dist=True\)`")
         kv_bytes = None if self.kv_cache_gib is None else int(self.kv_cache_gib * 2**30)
         if kv_bytes is None and not torch.cuda.is_available() and self.max_sequences and self.max_tokens:
-            kv_bytes = kv_cache_bytes(policy.config, self.max_sequences, self.max_tokens, getattr(torch, self.dtype))
+            kv_bytes = kv_cache_bytes(policy.config, self.max_sequences, tokens=self.max_tokens,
+                                      dtype=getattr(torch, self.dtype))
             if kv_bytes is not None:
                 options["block_size"] = CPU_BLOCK_SIZE  # the block size the computed size assumes
         max_num_seqs = self.max_num_seqs or self.max_sequences
@@ -236,7 +238,7 @@ class VLLMEngine(RolloutEngine):
     def generate(self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]], sampling: Sampling,
                  n: int, seed: int) -> list[ResponseGroup]:
         with outside_trainer_modes():  # not in the training step's autocast, nor in validation's inference mode
-            return self._generate(prompts, prompt_ids, sampling, n, seed)
+            return self._generate(prompts, prompt_ids, sampling=sampling, n=n, seed=seed)
 
     def _generate(self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]], sampling: Sampling,
                   n: int, seed: int) -> list[ResponseGroup]:
@@ -267,8 +269,9 @@ class VLLMEngine(RolloutEngine):
         self._sleep.after_sampling()
         return [
             build_group(
-                prompt, ids, [o.token_ids for o in out.outputs], stops, sampling.max_new_tokens, self.tokenizer,
-                [[step[token].logprob for step, token in zip(o.logprobs, o.token_ids)] for o in out.outputs],
+                prompt, ids, responses=[o.token_ids for o in out.outputs], stops=stops,
+                max_new_tokens=sampling.max_new_tokens, tokenizer=self.tokenizer,
+                logprobs=[[step[token].logprob for step, token in zip(o.logprobs, o.token_ids)] for o in out.outputs],
             )
             for prompt, ids, out in zip(prompts, prompt_ids, outputs)
         ]

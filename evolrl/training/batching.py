@@ -44,11 +44,12 @@ class Batching:
         check_int("Batching.micro_batch_size", self.micro_batch_size, 1)
         if self.max_tokens_per_micro_batch is None:
             require(self.micro_batch_size <= self.mini_batch_size, "Batching.micro_batch_size", self.micro_batch_size,
-                    f"at most mini_batch_size={self.mini_batch_size} (a micro-batch is part of one mini-batch)")
+                    allowed=f"at most mini_batch_size={self.mini_batch_size} "
+                    "(a micro-batch is part of one mini-batch)")
         else:
             check_int("Batching.max_tokens_per_micro_batch", self.max_tokens_per_micro_batch, 1)
-        require(isinstance(self.packed, bool), "Batching.packed", self.packed, "true or false")
-        require(isinstance(self.fused_head, bool), "Batching.fused_head", self.fused_head, "true or false")
+        require(isinstance(self.packed, bool), "Batching.packed", self.packed, allowed="true or false")
+        require(isinstance(self.fused_head, bool), "Batching.fused_head", self.fused_head, allowed="true or false")
         check_int("Batching.logprob_chunk_size", self.logprob_chunk_size, 1)
         require(isinstance(self.reduce_every_pass, bool), "Batching.reduce_every_pass", self.reduce_every_pass,
-                "true or false")
+                allowed="true or false")

@@ -47,12 +47,13 @@ def model_logprobs(model, inputs: dict, select: Callable[[Tensor], Tensor], targ
     if not fused_head:
         logits = model(**inputs).logits
         scores = token_stats if vocab_mean else logprobs_and_entropy
-        return scores(select(logits), targets, temperature, chunk_size)
+        return scores(select(logits), targets, temperature=temperature, chunk_size=chunk_size)
     head = model.get_output_embeddings()
     scores = head_token_stats if vocab_mean else head_logprobs_and_entropy
 
     def fused(hidden: Tensor) -> Tensor:
-        return torch.stack(scores(select(hidden), head.weight, targets, temperature, chunk_size, head.bias), -1)
+        return torch.stack(scores(select(hidden), head.weight, tokens=targets, temperature=temperature,
+                                  chunk_size=chunk_size, bias=head.bias), -1)
 
     with _forward_replaced(head, fused):
         stacked = model(**inputs).logits
@@ -86,8 +87,9 @@ def sequence_logprobs(model, seqs: Sequences, temperature: float, chunk_size: in
     first = int(seqs.response_mask.any(0).nonzero()[0]) if seqs.response_mask.any() else width - 2
     keep = {"logits_to_keep": width - first} if takes_logits_to_keep(model) else {}
     inputs = {"input_ids": seqs.input_ids, "attention_mask": seqs.attention_mask, "use_cache": False, **keep}
-    scores = model_logprobs(model, inputs, lambda out: out[:, -(width - first) : -1], seqs.input_ids[:, first + 1 :],
-                            temperature, chunk_size, fused_head, vocab_mean)
+    scores = model_logprobs(model, inputs, select=lambda out: out[:, -(width - first) : -1],
+                            targets=seqs.input_ids[:, first + 1 :], temperature=temperature, chunk_size=chunk_size,
+                            fused_head=fused_head, vocab_mean=vocab_mean)
     return tuple(F.pad(values, (first, 0)) for values in scores)
 
 
@@ -106,7 +108,8 @@ def check_fused_head(model, key: str = "Batching.fused_head") -> None:
     head = model.get_output_embeddings()
     advice = "set it to false for this model"
     require(type(head) is nn.Linear, key, True,
-            f"a model whose output layer is a plain torch.nn.Linear (this one's: {type(head).__name__}); {advice}")
+            allowed=f"a model whose output layer is a plain torch.nn.Linear (this one's: {type(head).__name__}); "
+            f"{advice}")
     device = next(model.parameters()).device
     ids = (torch.arange(8, device=device) * 7 % min(int(model.config.vocab_size), 200))[None]
     seen = []
@@ -116,5 +119,5 @@ def check_fused_head(model, key: str = "Batching.fused_head") -> None:
     finally:
         hook.remove()
     require(len(seen) == 1 and torch.equal(seen[0], logits), key, True,
-            f"a model that returns its output layer's result as its logits unchanged (this one changes it after "
-            f"the layer, e.g. soft-capping); {advice}")
+            allowed="a model that returns its output layer's result as its logits unchanged (this one changes it "
+            f"after the layer, e.g. soft-capping); {advice}")

@@ -43,17 +43,17 @@ class GRPOLoss:
     (TRL 1.16's default)."""
 
     def __post_init__(self) -> None:
-        check_float("GRPOLoss.clip_low", self.clip_low, 0.0, 1.0, high_open=True)
+        check_float("GRPOLoss.clip_low", self.clip_low, low=0.0, high=1.0, high_open=True)
         check_float("GRPOLoss.clip_high", self.clip_high, 0.0)
         if self.dual_clip is not None:
             check_float("GRPOLoss.dual_clip", self.dual_clip, 1.0, low_open=True)
         check_float("GRPOLoss.kl_coef", self.kl_coef, 0.0)
         check_float("GRPOLoss.entropy_coef", self.entropy_coef, 0.0)
         require(isinstance(self.aggregation, Aggregation), "GRPOLoss.aggregation", self.aggregation,
-                "an evolrl.algorithms.Aggregation, e.g. evolrl.algorithms.TokenMean()")
+                allowed="an evolrl.algorithms.Aggregation, e.g. evolrl.algorithms.TokenMean()")
         require(self.mismatch_correction is None or isinstance(self.mismatch_correction, MismatchCorrection),
                 "GRPOLoss.mismatch_correction", self.mismatch_correction,
-                "null or an evolrl.algorithms.MismatchCorrection, e.g. evolrl.algorithms.TokenTruncate()")
+                allowed="null or an evolrl.algorithms.MismatchCorrection, e.g. evolrl.algorithms.TokenTruncate()")
 
     def as_dict(self) -> dict:
         """The settings as plain values (a chosen class as its ``class_path`` and ``init_args``), as in a config."""
@@ -72,4 +72,4 @@ class GRPOLoss:
             weights, hit = None, torch.zeros_like(seqs.response_mask)
         else:
             weights, hit = self.mismatch_correction.weights(delta, seqs.response_mask)
-        return weights, mismatch_sums(delta, seqs.response_mask, weights, hit)
+        return weights, mismatch_sums(delta, seqs.response_mask, weights=weights, hit=hit)

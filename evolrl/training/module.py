@@ -91,7 +91,8 @@ class EvolRLModule(L.LightningModule):
         cpu_keep_freed_memory: bool = True,
     ) -> None:
         super().__init__()
-        require(bool(model), "EvolRLModule.model", model, "a Hub name, a directory, a .gguf file or pkg://package/file")
+        require(bool(model), "EvolRLModule.model", model,
+                allowed="a Hub name, a directory, a .gguf file or pkg://package/file")
         check_choice("EvolRLModule.dtype", dtype, ("float32", "bfloat16", "float16"))
         check_choice("EvolRLModule.reference_dtype", reference_dtype, DTYPES)
         check_choice("EvolRLModule.fsdp_param_dtype", fsdp_param_dtype, DTYPES)
@@ -110,7 +111,7 @@ class EvolRLModule(L.LightningModule):
         self.gradient_checkpointing = gradient_checkpointing
         self.trust_remote_code = trust_remote_code
         require(isinstance(cpu_keep_freed_memory, bool), "EvolRLModule.cpu_keep_freed_memory", cpu_keep_freed_memory,
-                "true or false")
+                allowed="true or false")
         self.cpu_keep_freed_memory = cpu_keep_freed_memory
         self.policy = None
         """The trained model (published: the rollout side samples with its weights)."""
@@ -126,15 +127,16 @@ class EvolRLModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         precision = str(self.trainer.precision)
         require(not precision.startswith("16"), "trainer.precision", precision,
-                "bf16-mixed, bf16-true or 32 (float16 would need loss scaling, which the manual update does not do)")
+                allowed="bf16-mixed, bf16-true or 32 (float16 would need loss scaling, which the manual update "
+                "does not do)")
         if stage == "fit" and self.cpu_keep_freed_memory and self.trainer.strategy.root_device.type == "cpu":
             keep_freed_memory()
 
     def configure_model(self) -> None:
         if self.policy is not None:
             return
-        dtypes = Dtypes.resolve(str(self.trainer.precision), self.dtype_name, self.reference_dtype,
-                                self.fsdp_param_dtype)
+        dtypes = Dtypes.resolve(str(self.trainer.precision), self.dtype_name, reference=self.reference_dtype,
+                                fsdp_param=self.fsdp_param_dtype)
         mesh = self.device_mesh["data_parallel"] if self.device_mesh is not None else None  # ModelParallelStrategy
         self.policy, reference = build_models(
             self.model_name, dtypes, with_reference=self.update.loss.kl_coef > 0, mesh=mesh,
@@ -153,8 +155,8 @@ class EvolRLModule(L.LightningModule):
             return
         steps = self.trainer.estimated_stepping_batches
         require(steps != float("inf") and steps >= 1, "trainer.max_steps", self.trainer.max_steps,
-                "a positive number of training steps: the training data has no length, so the learning-rate "
-                "schedule needs max_steps to know the run's length")
+                allowed="a positive number of training steps: the training data has no length, so the "
+                "learning-rate schedule needs max_steps to know the run's length")
         start_schedule(scheduler, int(steps) * self.update.optimizer_steps(sequences))
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -195,15 +197,17 @@ class EvolRLModule(L.LightningModule):
         t0 = time.perf_counter()
         rollouts = self.fresh(batch)
         t1 = time.perf_counter()
-        scored = score(self.reward, self.update, self.policy, rollouts, self.device)  # rewards [P, V], trained [P, G]
+        # rewards [P, V], trained [P, G]
+        scored = score(self.reward, self.update, policy=self.policy, rollouts=rollouts, device=self.device)
         t2 = time.perf_counter()
         self.flat_rewards(scored.advantages)
         seqs = scored.seqs
         self.start_schedule(len(seqs))
         optimizer = CountedOnce(self.optimizers(), self.trainer.strategy, self.update.optimizer_steps(len(seqs)))
         stats = self.update(self.policy, self.reference.model if self.reference else None, seqs,
-                            rollouts.temperature, optimizer, self.lr_schedulers(), self.manual_backward,
-                            self.trainer.world_size, scored.policy_pass)
+                            temperature=rollouts.temperature, optimizer=optimizer, scheduler=self.lr_schedulers(),
+                            backward=self.manual_backward, world_size=self.trainer.world_size,
+                            policy_pass=scored.policy_pass)
         t3 = time.perf_counter()
 
         stats |= {

@@ -37,12 +37,12 @@ class Optimization:
 
     def __post_init__(self) -> None:
         check_float("Optimization.lr", self.lr, 0.0)
-        require(len(self.betas) == 2, "Optimization.betas", self.betas, "two numbers in [0, 1)")
+        require(len(self.betas) == 2, "Optimization.betas", self.betas, allowed="two numbers in [0, 1)")
         for beta in self.betas:
-            check_float("Optimization.betas", beta, 0.0, 1.0, high_open=True)
+            check_float("Optimization.betas", beta, low=0.0, high=1.0, high_open=True)
         check_float("Optimization.weight_decay", self.weight_decay, 0.0)
-        check_float("Optimization.warmup_ratio", self.warmup_ratio, 0.0, 1.0)
-        check_float("Optimization.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        check_float("Optimization.warmup_ratio", self.warmup_ratio, low=0.0, high=1.0)
+        check_float("Optimization.min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
         check_float("Optimization.max_grad_norm", self.max_grad_norm, 0.0, low_open=True)
 
 
@@ -71,7 +71,7 @@ class WarmupCosine:
     def __call__(self, step: int) -> float:
         if self.total is None:  # only LambdaLR's first call, at construction: start_schedule sets the real one
             return 1.0
-        return warmup_cosine(step, self.total, self.warmup_ratio, self.min_lr_ratio)
+        return warmup_cosine(step, self.total, warmup_ratio=self.warmup_ratio, min_lr_ratio=self.min_lr_ratio)
 
 
 def build_optimizer(params: list[nn.Parameter], cfg: Optimization):

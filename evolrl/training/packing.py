@@ -54,8 +54,9 @@ def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int,
     inputs = {"input_ids": ids, "position_ids": positions[None], "use_cache": False, **keep}
     if is_sequencewise(model):
         inputs["packed_lengths"] = tuple(n for n in lengths.tolist() if n)
-    scores = model_logprobs(model, inputs, (lambda out: out) if keep else (lambda out: out[:, at]), ids[:, at + 1],
-                            temperature, chunk_size, fused_head, vocab_mean)  # each [1, K]
+    scores = model_logprobs(model, inputs, select=(lambda out: out) if keep else (lambda out: out[:, at]),
+                            targets=ids[:, at + 1], temperature=temperature, chunk_size=chunk_size,
+                            fused_head=fused_head, vocab_mean=vocab_mean)  # each [1, K]
 
     def unpack(values: Tensor) -> Tensor:  # [1, K] -> [N, T - 1], zeros where nothing is scored
         return values.new_zeros(scored.shape).index_put((rows, cols), values[0] * scored[rows, cols])
@@ -75,10 +76,11 @@ def check_packing(model, key: str = "Batching.packed") -> None:
     attention = getattr(model.config, "_attn_implementation", None)
     allowed = ("a model whose packed sequences cannot see each other: attention " + ", ".join(PACKED_ATTENTION)
                + " and no layers with recurrent state; set it to false for this model")
-    require(attention in PACKED_ATTENTION, key, True, f"{allowed} (this model's attention is {attention!r})")
+    require(attention in PACKED_ATTENTION, key, True, allowed=f"{allowed} (this model's attention is {attention!r})")
     leak = packing_leak(model)
-    require(leak <= 1e-3, key, True, f"{allowed} (a probe: a sequence's log-probs moved by {leak:.2g} when the "
-            "sequence before it in the row changed)")
+    require(leak <= 1e-3, key, True,
+            allowed=f"{allowed} (a probe: a sequence's log-probs moved by {leak:.2g} when the sequence before it in "
+            "the row changed)")
 
 
 @torch.no_grad()
@@ -96,7 +98,8 @@ def packing_leak(model) -> float:
         for first in (torch.arange(10, device=device) * 7 % vocab, (torch.arange(10, device=device) * 11 + 1) % vocab):
             ids = torch.stack([first, torch.cat([second, second.new_zeros(3)])])
             attention = torch.stack([torch.ones(10, dtype=torch.long), torch.arange(10) < 7]).long().to(device)
-            logps.append(packed_logprobs(model, Sequences(ids, attention, response, torch.zeros(2)), 1.0, 64)[0])
+            seqs = Sequences(ids, attention, response_mask=response, advantages=torch.zeros(2))
+            logps.append(packed_logprobs(model, seqs, temperature=1.0, chunk_size=64)[0])
     finally:
         model.train(training)
     return float((logps[0] - logps[1]).abs().max())

@@ -47,11 +47,12 @@ def score(reward: Reward, update: GRPOUpdate, policy: nn.Module, rollouts: Rollo
     if getattr(reward, "needs_policy", False):
         policy_pass = update.policy_pass(policy, seqs, rollouts.temperature)
         vocabulary = policy.get_output_embeddings().weight.shape[0]
-        signal = PolicySignal.from_tokens(rollouts.trained, seqs.response_mask, policy_pass.logp, policy_pass.entropy,
-                                          policy_pass.mean_logp, vocabulary)
+        signal = PolicySignal.from_tokens(rollouts.trained, seqs.response_mask, logp=policy_pass.logp,
+                                          entropy=policy_pass.entropy, mean_logp=policy_pass.mean_logp,
+                                          vocabulary=vocabulary)
         rewards = reward(rollouts, policy=signal)
     else:
         rewards = reward(rollouts)
     advantages = group_advantages(rewards.rewards.gather(1, rollouts.trained), update.loss.scale_by_std)  # [P, G]
     seqs = replace(seqs, advantages=advantages.reshape(-1).float().to(device))
-    return Scored(rewards, advantages, seqs, policy_pass)
+    return Scored(rewards, advantages, seqs=seqs, policy_pass=policy_pass)

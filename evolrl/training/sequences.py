@@ -42,9 +42,9 @@ class Sequences:
         return Sequences(
             self.input_ids[index, :width],
             self.attention_mask[index, :width],
-            self.response_mask[index, : width - 1],
-            self.advantages[index],
-            sampler,
+            response_mask=self.response_mask[index, : width - 1],
+            advantages=self.advantages[index],
+            sampler_logprobs=sampler,
         )
 
     @staticmethod
@@ -54,8 +54,8 @@ class Sequences:
         (zero) sampler log-probs when the sequences it stands in for have them."""
         ones = torch.ones(1, 2, dtype=torch.long, device=device)
         nothing = torch.zeros(1, 1, dtype=torch.bool, device=device)
-        return Sequences(ones * 0, ones, nothing, torch.zeros(1, device=device),
-                         torch.zeros(1, 1, device=device) if sampler_logprobs else None)
+        return Sequences(ones * 0, ones, response_mask=nothing, advantages=torch.zeros(1, device=device),
+                         sampler_logprobs=torch.zeros(1, 1, device=device) if sampler_logprobs else None)
 
     def to(self, device: torch.device) -> Sequences:
         tensors = (self.input_ids, self.attention_mask, self.response_mask, self.advantages, self.sampler_logprobs)
@@ -94,4 +94,5 @@ def trained_sequences(rollouts: RolloutBatch, advantages: Tensor, pad_id: int) -
         response[i, start - 1 : len(row) - 1] = True  # logits at t predict token t + 1
         if sampler is not None:
             sampler[i, start - 1 : len(row) - 1] = torch.tensor(logprobs[i], dtype=torch.float32)
-    return Sequences(input_ids, attention, response, advantages.reshape(-1).float(), sampler)
+    return Sequences(input_ids, attention, response_mask=response, advantages=advantages.reshape(-1).float(),
+                     sampler_logprobs=sampler)

@@ -82,7 +82,8 @@ class GRPOUpdate:
         b = self.batching
         if b.max_tokens_per_micro_batch is None:  # the same on every rank: every rank has as many rows
             return micro_batch_plan(len(seqs), b.mini_batch_size, b.micro_batch_size)
-        plan = token_budget_plan(seqs.lengths.tolist(), b.mini_batch_size, b.max_tokens_per_micro_batch, b.packed)
+        plan = token_budget_plan(seqs.lengths.tolist(), b.mini_batch_size, budget=b.max_tokens_per_micro_batch,
+                                 packed=b.packed)
         return lockstep(plan, seqs.input_ids.device)
 
     def optimizer_steps(self, sequences_per_step: int) -> int:
@@ -93,7 +94,8 @@ class GRPOUpdate:
                 vocab_mean: bool = False) -> tuple[Tensor, ...]:
         b = self.batching
         logprobs = packed_logprobs if b.packed else sequence_logprobs
-        return logprobs(model, seqs, temperature, b.logprob_chunk_size, b.fused_head, vocab_mean)
+        return logprobs(model, seqs, temperature=temperature, chunk_size=b.logprob_chunk_size, fused_head=b.fused_head,
+                        vocab_mean=vocab_mean)
 
     @staticmethod
     def micro_batch(seqs: Sequences, rows: list[int]) -> Sequences:
@@ -149,8 +151,9 @@ class GRPOUpdate:
             raise ValueError(f"mismatch_correction={self.loss.mismatch_correction!r} needs the sampler's log-probs, "
                              "and the rollout engine reported none")
         plan = policy_pass.plan if policy_pass is not None else self.plan(seqs)
-        old_logp, ref_logp = self.old_and_reference_logprobs(policy, reference, seqs, temperature, plan,
-                                                             policy_pass.old if policy_pass is not None else None)
+        old_logp, ref_logp = self.old_and_reference_logprobs(
+            policy, reference, seqs=seqs, temperature=temperature, plan=plan,
+            old=policy_pass.old if policy_pass is not None else None)
         totals = StepTotals()
         index = -1  # position in the flattened plan, matching old_logp / ref_logp
         for minibatch, rows in zip(plan, mini_batch_ranges(len(seqs), self.batching.mini_batch_size)):
@@ -160,8 +163,10 @@ class GRPOUpdate:
             for j, micro in enumerate(minibatch):
                 index += 1
                 sync_gradients(policy, j == len(minibatch) - 1 or self.batching.reduce_every_pass)
-                terms, measured = self.train_pass(policy, self.micro_batch(seqs, micro), temperature, old_logp[index],
-                                                  None if ref_logp is None else ref_logp[index], normalizer, backward)
+                terms, measured = self.train_pass(policy, self.micro_batch(seqs, micro), temperature=temperature,
+                                                  old=old_logp[index],
+                                                  ref=None if ref_logp is None else ref_logp[index],
+                                                  normalizer=normalizer, backward=backward)
                 totals.add(terms, measured)
             totals.add({"grad_norm": self.optimizer_step(policy, optimizer, scheduler)})
         sync_gradients(policy, True)
@@ -176,7 +181,8 @@ class GRPOUpdate:
         cfg = self.loss
         logp, entropy = self.forward(policy, part, temperature)
         old = old if old is not None else logp.detach()
-        pg, clips = clipped_surrogate(logp, old, part.advantages[:, None], cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+        pg, clips = clipped_surrogate(logp, old, advantages=part.advantages[:, None], clip_low=cfg.clip_low,
+                                      clip_high=cfg.clip_high, dual_clip=cfg.dual_clip)
         measured = None
         if part.sampler_logprobs is not None:
             weights, measured = cfg.correct(old, part)
