@@ -116,6 +116,13 @@ class RolloutSource(Protocol):
     def sample(self) -> RolloutBatch: ...
 
 
+class EvalSource(RolloutSource, Protocol):
+    """A validation/test batch: rollouts sampled when asked, and the evaluation set they are graded for (its ``name``
+    and ``grader(text, answer) -> (answer, correct)``; ``evolrl.data.EvalSet``). ``None``: a training batch."""
+
+    eval_set: Any
+
+
 COMPONENTS: dict[str, str] = {
     "valid": "bool: the response's answer is valid (the reward's valid_rule)",
     "majority": "bool: its answer is equivalent to the group's majority label",

@@ -67,3 +67,24 @@ def test_the_module_trains_on_replayed_groups_the_same_step_outputs(tiny_model):
         assert a["stats"] == b["stats"], {k: (a["stats"][k], b["stats"][k]) for k in a["stats"]}
     for name, value in module.policy.state_dict().items():
         assert torch.equal(value, replayed_module.policy.state_dict()[name]), name
+
+
+def test_the_training_package_knows_no_engine_and_no_data_module():
+    """The module's side of the contract, read from the source: nothing under ``evolrl/training`` imports the rollout
+    or the data package, and ``module.py`` does not name an engine or a data module (the weights reach a sampler
+    through the sampler's own callback)."""
+    import ast
+    from pathlib import Path
+
+    import evolrl.training
+
+    package = Path(evolrl.training.__file__).parent
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert not name.startswith(("evolrl.rollout", "evolrl.data")), f"{path.name} imports {name}"
+    text = (package / "module.py").read_text().lower()
+    for word in ("engine", "datamodule", "data module", "trainer.datamodule"):
+        assert word not in text, f"module.py mentions {word!r}"

@@ -5,11 +5,10 @@
 
 from __future__ import annotations
 
-from evolrl.data.datamodule import RolloutRequest
-from evolrl.types import EvalOutput
+from evolrl.types import EvalOutput, EvalSource
 
 
-def grade_request(request: RolloutRequest) -> EvalOutput:
+def grade_request(request: EvalSource) -> EvalOutput:
     """A validation/test batch sampled and graded by its evaluation set's grader (answers, correctness
     ``[problems][n]``)."""
     if request.eval_set is None:

@@ -18,8 +18,8 @@ Non-obvious decisions:
   :class:`~evolrl.types.RolloutSource` whose ``sample()`` returns one, called inside ``training_step`` (a batch
   fetched ahead would come from older weights). A batch that says which weights sampled it must come from the weights
   of this step (``global_step``); it carries the temperature it was sampled at, under which the loss scores its
-  tokens. Moving weights to the sampler is the rollout side's (``evolrl.rollout.EngineSync``); the module publishes
-  ``policy``.
+  tokens. The module only publishes ``policy``; whatever samples the batches reads its weights from there (a callback
+  of the sampler's own, after every training step: README "Training").
   The update is a :class:`~evolrl.training.update.GRPOUpdate` the module holds.
 * A mini-batch whose gradient norm is not finite is skipped and counted, never applied.
 * A "step" is a training step everywhere: ``trainer.global_step`` (so ``max_steps``,
@@ -73,7 +73,7 @@ class EvolRLModule(L.LightningModule):
             and page-faulting them in again (``training/allocator.py``; process-wide).
 
     The sampling temperature (whose ``softmax(logits / T)`` the loss scores) is the one each rollout batch was sampled
-    at (``RolloutBatch.temperature``: the data module's ``sampling.temperature``).
+    at (``RolloutBatch.temperature``).
     """
 
     def __init__(
@@ -114,7 +114,7 @@ class EvolRLModule(L.LightningModule):
                 allowed="true or false")
         self.cpu_keep_freed_memory = cpu_keep_freed_memory
         self.policy = None
-        """The trained model (published: the rollout side samples with its weights)."""
+        """The trained model (published: whatever samples the batches reads its weights from here)."""
         self.reference: Frozen | None = None
         self.flat_rewards = FlatRewardCheck()
 
