@@ -1,0 +1,74 @@
+"""tools/update_profile.py: the busy-time arithmetic by hand, the operator count on a real update, the named shapes."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+
+import pytest
+import torch
+from helpers import mixed_sequences
+from update_profile import QWEN3, covered, kernel_summary, operator_calls, write_random_model
+
+from evolrl.models import load_policy
+from evolrl.training import Batching, GRPOLoss
+from evolrl.training.optim import Optimization, build_optimizer, start_schedule
+from evolrl.training.update import GRPOUpdate
+
+
+def test_covered_counts_overlaps_once():
+    assert covered([]) == 0
+    assert covered([(0, 2), (1, 3)]) == 3  # overlapping: [0, 3]
+    assert covered([(5, 6), (0, 1), (0.5, 0.75)]) == 2  # nested and unsorted
+    assert covered([(0, 1), (1, 2), (4, 6)]) == 4  # touching, then a gap
+
+
+def test_kernel_summary_by_hand():
+    # two streams: gemm [0, 400] us and [300, 500] us overlap; a norm kernel [600, 700] us; wall 1 ms
+    kernels = [("gemm", 0.0, 400.0), ("gemm", 300.0, 500.0), ("norm", 600.0, 700.0)]
+    s = kernel_summary(kernels, launches=3, wall_s=1e-3, top=5)
+    assert s["busy_s"] == pytest.approx(600e-6) and s["busy_fraction"] == pytest.approx(0.6)
+    assert s["launches"] == 3 and s["kernels"] == 3
+    (name, calls, seconds, share), second = s["top"]
+    assert (name, calls) == ("gemm", 2) and seconds == pytest.approx(600e-6) and share == pytest.approx(1.0)
+    assert second[:2] == ("norm", 1)
+    assert kernel_summary(kernels, 3, wall_s=1e-4, top=5)["busy_fraction"] == 1.0  # capped: profiler-free wall
+
+
+def test_operator_calls_of_a_real_update_and_fewer_with_packing(tiny_model):
+    """The CPU's launch-count proxy on the tiny model: a packed update runs one row where the padded one runs three
+    micro-batches, so it makes fewer calls; both count forward and backward operators."""
+    counts = {}
+    for packed in (False, True):
+        policy = load_policy(tiny_model)
+        batching = Batching(mini_batch_size=6, micro_batch_size=2, max_tokens_per_micro_batch=2000 if packed else None,
+                            packed=packed)
+        update = GRPOUpdate(GRPOLoss(kl_coef=0.0), batching, max_grad_norm=1.0)
+        optimizer, scheduler = build_optimizer(list(policy.parameters()), Optimization())
+        start_schedule(scheduler, 10)
+        seqs = mixed_sequences(policy.config.vocab_size)
+        calls = operator_calls(partial(update, policy, None, seqs, temperature=1.0, optimizer=optimizer,
+                                       scheduler=scheduler))
+        assert calls["mm"] > 0 and any(name.endswith("_backward") for name in calls), calls.most_common(5)
+        counts[packed] = sum(calls.values())
+    assert counts[True] < counts[False], counts
+
+
+def test_named_shapes_are_qwen3s_published_sizes(tmp_path, monkeypatch):
+    """Parameter counts of the named shapes against the published sizes (0.6B ... 8B), built on the meta device; and
+    one written with random weights loads as the policy (the smallest, shrunk to 2 layers to keep it quick)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from update_profile import QWEN3_COMMON
+
+    published = {"qwen3-0.6b": 0.6e9, "qwen3-1.7b": 1.7e9, "qwen3-4b": 4.0e9, "qwen3-8b": 8.2e9}
+    for name, fields in QWEN3.items():
+        with torch.device("meta"):
+            model = Qwen3ForCausalLM(Qwen3Config(**QWEN3_COMMON, **fields))
+        params = sum(p.numel() for p in model.parameters())  # tied embeddings counted once
+        assert params == pytest.approx(published[name], rel=0.05), (name, params)
+    monkeypatch.setitem(QWEN3, "qwen3-0.6b", {**QWEN3["qwen3-0.6b"], "num_hidden_layers": 2})
+    directory = write_random_model("qwen3-0.6b", tmp_path / "model")
+    config = json.loads((directory / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2 and config["tie_word_embeddings"] is True
+    policy = load_policy(str(directory))
+    assert policy.get_output_embeddings().weight is policy.get_input_embeddings().weight

@@ -1,0 +1,123 @@
+"""Where one update's time goes, for ``tools/bench_update.py``: model shapes by name, and a profile of one update.
+
+On a GPU (``cuda_profile``): torch.profiler's CUDA activity over one update gives the kernels that ran, when, and the
+launches the CPU made. The **GPU-busy fraction** is the time covered by at least one kernel (the union of their
+intervals, overlaps counted once) over the update's wall time measured *without* the profiler (the profiler slows
+the CPU side that launches kernels, hardly the kernels themselves), capped at 1. **Launches** count the CUDA runtime
+and driver calls that start a kernel (``cudaLaunchKernel``, ``cuLaunchKernel`` and their variants) on the CPU side.
+
+On a CPU (``operator_calls``): every aten operator call counted by a ``TorchDispatchMode`` (forward and backward
+alike). On a GPU each of them is one kernel launch or more, so it is the CPU's proxy for the launch count.
+
+Shapes (``QWEN3``): the published Qwen3 configs' decoder shapes, random weights (``write_random_model``), no
+download.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+QWEN3_COMMON = {"vocab_size": 151936, "head_dim": 128, "num_key_value_heads": 8, "max_position_embeddings": 40960,
+                "rope_theta": 1000000.0, "rms_norm_eps": 1e-6}
+QWEN3 = {
+    "qwen3-0.6b": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+                   "tie_word_embeddings": True},
+    "qwen3-1.7b": {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,
+                   "tie_word_embeddings": True},
+    "qwen3-4b": {"hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36, "num_attention_heads": 32,
+                 "tie_word_embeddings": True},
+    "qwen3-8b": {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+                 "tie_word_embeddings": False},
+}
+"""Name -> the fields of Qwen/Qwen3-<size>'s config.json that differ between sizes (the rest: ``QWEN3_COMMON``)."""
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchCooperativeKernel",
+            "cudaGraphLaunch")
+"""The CPU-side calls that start work on the GPU (a CUDA graph's launch counts once)."""
+
+
+def write_random_model(shape: str, directory: Path, seed: int = 0, device: str = "cpu") -> Path:
+    """A Qwen3 of the named shape with random weights (transformers' own initialisation), saved in bfloat16 to
+    ``directory`` (once: an existing one is reused). ``device``: where the weights are drawn (a GPU draws a 4B model in
+    seconds, a CPU in minutes)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    if (directory / "config.json").exists():
+        return directory
+    if shape not in QWEN3:
+        raise SystemExit(f"unknown shape {shape!r}: one of {', '.join(QWEN3)}")
+    config = Qwen3Config(**QWEN3_COMMON, **QWEN3[shape], torch_dtype="bfloat16")
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(directory)
+    return directory
+
+
+def covered(intervals: Iterable[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals (overlaps counted once)."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
+
+
+def kernel_summary(kernels: list[tuple[str, float, float]], launches: int, wall_s: float, top: int) -> dict:
+    """From kernels ``(name, start_us, end_us)`` and the launch count: the busy fraction of ``wall_s`` (capped at 1),
+    the launches, the kernels, and the ``top`` kernels by total time ``[(name, calls, seconds, share of busy)]``."""
+    busy = covered((start, end) for _, start, end in kernels) / 1e6
+    totals: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    for name, start, end in kernels:
+        totals[name][0] += 1
+        totals[name][1] += (end - start) / 1e6
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"busy_s": busy, "busy_fraction": min(1.0, busy / wall_s), "launches": launches, "kernels": len(kernels),
+            "top": [(name, calls, seconds, seconds / busy if busy else 0.0) for name, (calls, seconds) in ranked]}
+
+
+def cuda_profile(run: Callable[[], None], wall_s: float, top: int) -> dict:
+    """``run()`` (one update) under torch.profiler with CUDA activity: ``kernel_summary`` of what it launched, against
+    ``wall_s``, the same update's time without the profiler."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    events = prof.events()
+    kernels = [(e.name, e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA]
+    launches = sum(1 for e in events if e.device_type == DeviceType.CPU and e.name in LAUNCHES)
+    return kernel_summary(kernels, launches=launches, wall_s=wall_s, top=top)
+
+
+def operator_calls(run: Callable[[], None]) -> Counter:
+    """aten operator calls made during ``run()``, by operator (forward and backward alike)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls: Counter = Counter()
+
+    class Counted(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Counted():
+        run()
+    return calls
+
+
+def summary_lines(profiled: dict, top: int) -> list[str]:
+    """The GPU profile as printed: one line of figures, then the top kernels as a table."""
+    figures = (f"GPU busy {profiled['busy_fraction']:.2f} of the update ({profiled['busy_s']:.2f} s of kernels), "
+               f"{profiled['launches']} kernel launches, {profiled['kernels']} kernels")
+    lines = [figures, "",
+             "| kernel | calls | s | of the busy time |", "| --- | --- | --- | --- |"]
+    for name, calls, seconds, share in profiled["top"][:top]:
+        lines.append(f"| {name[:90]} | {calls} | {seconds:.3f} | {share:.1%} |")
+    return lines
