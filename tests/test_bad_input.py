@@ -399,8 +399,8 @@ CALLBACK_SETTINGS = [
     (lambda: _callbacks().PolicyStats(extract=None), "PolicyStats.extract", "None", "a callable"),
     (lambda: _metrics().PassAtKMetric(k=0), "PassAtKMetric.k", "0", "an integer >= 1"),
     (lambda: _metrics().MajAtKMetric(k=0), "MajAtKMetric.k", "0", "an integer >= 1"),
-    (lambda: _metrics().EvalScores(pass_ks=[1, 0]), "EvalScores.pass_ks", "[1, 0]", "a list of integers >= 1"),
-    (lambda: _metrics().EvalScores(pass_ks=[], maj_ks=[]), "EvalScores.pass_ks", "()", "at least one k"),
+    (lambda: _metrics().EvalMetrics(pass_ks=[1, 0]), "EvalMetrics.pass_ks", "[1, 0]", "a list of integers >= 1"),
+    (lambda: _metrics().EvalMetrics(pass_ks=[], maj_ks=[]), "EvalMetrics.pass_ks", "()", "at least one k"),
 ]
 
 

@@ -162,7 +162,7 @@ def test_no_grad_and_bad_chunk():
 
 
 @pytest.mark.parametrize("chunk_size", [1, 5, 64])
-def test_token_scores_are_the_log_probs_the_entropy_and_the_vocabulary_mean(chunk_size):
+def test_token_stats_are_the_log_probs_the_entropy_and_the_vocabulary_mean(chunk_size):
     """What a reward that reads the policy gets (no gradients), from the fused head and from the logits alike."""
     from evolrl.algorithms.chunked_head import head_token_stats
     from evolrl.algorithms.logprobs import token_stats

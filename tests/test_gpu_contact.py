@@ -52,7 +52,7 @@ def validate_with_a_process_group(backend: str, accelerator: str) -> tuple[PassA
     return callback, module, {name: value.item() for name, value in trainer.callback_metrics.items()}
 
 
-def check_scores(metrics: dict) -> None:
+def check_metrics(metrics: dict) -> None:
     # as tests/test_callbacks.py: pass@1 is the mean accuracy of the two problems, each votes right with 4 samples
     assert metrics["val/toy/pass@1"] == pytest.approx(0.5)
     assert metrics["val/toy/maj@4"] == 1.0
@@ -60,7 +60,7 @@ def check_scores(metrics: dict) -> None:
 
 def test_evaluation_metrics_sync_over_a_one_process_gloo_group_on_the_cpu():
     callback, module, metrics = validate_with_a_process_group("gloo", "cpu")
-    check_scores(metrics)
+    check_metrics(metrics)
     assert callback.metrics["toy"].device == module.device == torch.device("cpu")
 
 
@@ -69,7 +69,7 @@ def test_evaluation_metrics_sync_over_a_one_process_nccl_group_on_a_gpu(backend)
     """The measured first-contact failure: with the states on the CPU, NCCL raised "No backend type associated with
     device type cpu" at the end of the first (sanity) validation of a single-GPU run."""
     callback, module, metrics = validate_with_a_process_group(backend, "gpu")
-    check_scores(metrics)
+    check_metrics(metrics)
     assert callback.metrics["toy"].device.type == "cuda" == module.device.type
 
 

@@ -143,10 +143,10 @@ def batch(ids):
     return [ANSWERS[i][0] for i in ids], [ANSWERS[i][1] for i in ids]
 
 
-def test_eval_scores_are_the_mean_of_the_exact_per_problem_values():
-    from evolrl.metrics import EvalScores, MajAtKMetric, PassAtKMetric
+def test_eval_metrics_are_the_mean_of_the_exact_per_problem_values():
+    from evolrl.metrics import EvalMetrics, MajAtKMetric, PassAtKMetric
 
-    metric = EvalScores(pass_ks=(1, 2), maj_ks=(2, 3))
+    metric = EvalMetrics(pass_ks=(1, 2), maj_ks=(2, 3))
     metric.update(*batch(["p0", "p1"]), ids=["p0", "p1"])
     metric.update(*batch(["p2", "p3", "p4"]), ids=["p2", "p3", "p4"])
     values = metric.compute()
@@ -192,15 +192,15 @@ def test_problem_ids_hash_the_same_in_every_process():
 
 
 def test_a_k_larger_than_the_samples_is_an_error():
-    from evolrl.metrics import EvalScores
+    from evolrl.metrics import EvalMetrics
 
-    metric = EvalScores(pass_ks=(1, 8), maj_ks=(4,))
+    metric = EvalMetrics(pass_ks=(1, 8), maj_ks=(4,))
     with pytest.raises(ValueError, match="pass@1, pass@8, maj@4 need at least 8 samples per problem, but problem "
                                          "'p0' has 4"):
         metric.update(*batch(["p0"]), ids=["p0"])
 
 
-def test_metric_scores_stay_float64_on_a_bf16_module():
+def test_metric_values_stay_float64_on_a_bf16_module():
     from evolrl.metrics import PassAtKMetric
 
     module = torch.nn.Module()
@@ -216,24 +216,24 @@ def _two_rank_worker(rank: int, port: int, out: str) -> None:
 
     import torch.distributed as dist
 
-    from evolrl.metrics import EvalScores, PassAtKMetric
+    from evolrl.metrics import EvalMetrics, PassAtKMetric
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        scores = EvalScores(pass_ks=(1, 2), maj_ks=(2, 3))
+        metric = EvalMetrics(pass_ks=(1, 2), maj_ks=(2, 3))
         # 5 problems dealt to 2 ranks, p0 repeated on rank 1 to even them out (with other samples)
         if rank == 0:
-            scores.update(*batch(["p0", "p1"]), ids=["p0", "p1"])
-            scores.update(*batch(["p2"]), ids=["p2"])
+            metric.update(*batch(["p0", "p1"]), ids=["p0", "p1"])
+            metric.update(*batch(["p2"]), ids=["p2"])
         else:
-            scores.update(*batch(["p3", "p4"]), ids=["p3", "p4"])
-            scores.update([["9"] * 4], [[True] * 4], ids=["p0"])
+            metric.update(*batch(["p3", "p4"]), ids=["p3", "p4"])
+            metric.update([["9"] * 4], [[True] * 4], ids=["p0"])
         only_rank0 = PassAtKMetric(2)  # rank 1 never sees a problem
         if rank == 0:
             only_rank0.update(*batch(["p0", "p1"]), ids=["p0", "p1"])
-        report = {name: value.item() for name, value in scores.compute().items()}
+        report = {name: value.item() for name, value in metric.compute().items()}
         report["only_rank0"] = only_rank0.compute().item()
-        report["local_rows"] = len(torch.cat(scores.problem_ids))  # back to this rank's own states after compute
+        report["local_rows"] = len(torch.cat(metric.problem_ids))  # back to this rank's own states after compute
         Path(out, f"rank{rank}.json").write_text(json.dumps(report))
     finally:
         dist.destroy_process_group()

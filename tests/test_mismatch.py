@@ -106,7 +106,7 @@ def test_an_all_masked_batch_and_an_empty_one_divide_by_nothing_zero():
 
 
 # ---- the sampler's log-probs through packing -------------------------------------------------------------------------
-def test_pack_aligns_the_sampler_logprobs_with_the_response_mask():
+def test_trained_sequences_align_the_sampler_logprobs_with_the_response_mask():
     groups = (ResponseGroup(Prompt("a", "q"), ("x", "y"), prompt_ids=(5, 6, 7), response_ids=((8, 9), (10,)),
                             sampler_logprobs=((-0.1, -0.2), (-0.3,))),
               ResponseGroup(Prompt("b", "q"), ("x", "y"), prompt_ids=(5,), response_ids=((11, 12, 13), (14, 15)),

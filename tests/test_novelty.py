@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evolrl.rewards import Embedder, NoveltyBands, band_rewards, evol_rewards, evol_rewards_batched, novelty_scores
+from evolrl.rewards import Embedder, NoveltyBands, band_rewards, evol_rewards, evol_rewards_batched, novelty_values
 from evolrl.types import Prompt, ResponseGroup, RolloutBatch
 
 
@@ -163,7 +163,7 @@ def test_mutually_most_similar_pair_lands_mid_band_despite_float_noise():
 def test_novelty_formula_by_hand():
     # All three in the majority; S = [[1, .8, .6], [.8, 1, 0], [.6, 0, 1]].
     emb = torch.tensor([[1.0, 0.0, 0.0], [0.8, 0.6, 0.0], [0.6, -0.8, 0.0]], dtype=torch.float64)
-    u = novelty_scores(emb[None], flags([1, 1, 1])[None], flags([1, 1, 1])[None], alpha=0.5)[0]
+    u = novelty_values(emb[None], flags([1, 1, 1])[None], flags([1, 1, 1])[None], alpha=0.5)[0]
     s01, s02, s12 = 0.8, 0.6, 0.0
     expected = [
         1 - (0.5 * (s01 + s02) / 2 + 0.5 * max(s01, s02)),
@@ -200,4 +200,4 @@ def test_novelty_bands_embed_a_steps_valid_responses_in_one_call_and_match_the_t
     emb = torch.zeros(2, 3, 3)
     emb[valid] = embedder.embed(["a ", "bb ", "ccc ", "dddd ", "e "])
     torch.testing.assert_close(rewards, evol_rewards_batched(emb, majority, is_valid=valid, alpha=0.25))
-    torch.testing.assert_close(novelty, novelty_scores(emb, majority, is_valid=valid, alpha=0.25), equal_nan=True)
+    torch.testing.assert_close(novelty, novelty_values(emb, majority, is_valid=valid, alpha=0.25), equal_nan=True)

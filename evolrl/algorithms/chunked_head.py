@@ -63,7 +63,7 @@ def _grad_scaled_logits(logq: Tensor, tokens: Tensor, entropy: Tensor, grad_logp
     return grad
 
 
-def _head_scores(hidden: Tensor, weight: Tensor, bias: Tensor | None, tokens: Tensor, temperature: float,
+def _head_stats(hidden: Tensor, weight: Tensor, bias: Tensor | None, tokens: Tensor, temperature: float,
                  chunk_size: int, vocab_mean: bool = False) -> dict[str, Tensor | torch.dtype | None]:
     """The chunk loop of the forward: per row ``logp``, ``entropy``, ``lse`` (and ``mean_logp``, the mean of ``log p``
     over the vocabulary, with ``vocab_mean``), plus the compute-dtype copies ``w``, ``b`` and ``dtype``."""
@@ -95,7 +95,7 @@ class _HeadLogprobEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, tokens: Tensor, temperature: float,
                 chunk_size: int) -> tuple[Tensor, Tensor]:
-        out = _head_scores(hidden, weight, bias=bias, tokens=tokens, temperature=temperature, chunk_size=chunk_size)
+        out = _head_stats(hidden, weight, bias=bias, tokens=tokens, temperature=temperature, chunk_size=chunk_size)
         # The compute-dtype copies, not the weights: the backward then casts nothing (a [V, H] copy per pass saved).
         ctx.save_for_backward(hidden, out["w"], out["b"], tokens, out["lse"], out["entropy"])
         ctx.weight_dtype, ctx.bias_dtype = weight.dtype, None if bias is None else bias.dtype
@@ -178,6 +178,6 @@ def head_token_stats(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     n, length, width = hidden.shape
-    out = _head_scores(hidden.reshape(n * length, width), weight, bias=bias, tokens=tokens.reshape(n * length),
+    out = _head_stats(hidden.reshape(n * length, width), weight, bias=bias, tokens=tokens.reshape(n * length),
                        temperature=temperature, chunk_size=chunk_size, vocab_mean=True)
     return tuple(out[k].view(n, length) for k in ("logp", "entropy", "mean_logp"))

@@ -11,7 +11,7 @@ from typing import Any
 import lightning as L
 
 from evolrl.callbacks.contract import EvalView, evolrl_eval_view
-from evolrl.metrics.eval_scores import EvalScores, check_ks
+from evolrl.metrics.eval_metrics import EvalMetrics, check_ks
 from evolrl.settings import SettingError, require
 
 
@@ -19,8 +19,8 @@ class PassAtK(L.Callback):
     """Logs ``{stage}/{dataset}/pass@k`` and ``maj@k``, averaged over each data set's problems.
 
     pass@k is the unbiased estimator; maj@k the exact expected majority-vote accuracy of k of
-    the n samples. Each data set has an :class:`~evolrl.metrics.EvalScores` metric (torchmetrics): on
-    several ranks its per-problem scores are gathered by torchmetrics and each problem is counted once (by
+    the n samples. Each data set has an :class:`~evolrl.metrics.EvalMetrics` metric (torchmetrics): on
+    several ranks its per-problem values are gathered by torchmetrics and each problem is counted once (by
     its id), so all ranks report the same table; the metrics are reset at the start of every epoch. With
     ``output_dir``, each epoch's table is also written to ``{output_dir}/{stage}_metrics.json`` and
     ``.csv``. The logging step is the view's ``step`` (the training steps behind the evaluated weights; a
@@ -51,7 +51,7 @@ class PassAtK(L.Callback):
                 output_dir, allowed="None (the logger's directory) or a non-empty path")
         self.extract = extract
         self.output_dir = output_dir
-        self.metrics: dict[str, EvalScores] = {}
+        self.metrics: dict[str, EvalMetrics] = {}
         """Data set name -> its metric, made at its first batch (the default ks depend on its samples)."""
         self.step: int | None = None
         self.table: dict[str, dict[str, float]] = {}
@@ -83,11 +83,11 @@ class PassAtK(L.Callback):
             # On the module's device: torchmetrics gathers the states whenever a process group exists, also for one
             # rank (vLLM sets up a one-process group of its own, Lightning's ModelParallelStrategy an NCCL one on a
             # single GPU), and NCCL gathers CUDA tensors only. A single-process CPU run keeps them on the CPU.
-            metric = self.metrics[view.dataset] = EvalScores(pass_ks, maj_ks).to(pl_module.device)
+            metric = self.metrics[view.dataset] = EvalMetrics(pass_ks, maj_ks).to(pl_module.device)
         metric.update(view.answers, view.correct, view.ids)
         self.step = view.step
 
-    def scores(self) -> dict[str, dict[str, float]]:
+    def results(self) -> dict[str, dict[str, float]]:
         """``{dataset: {"problems": ..., "samples": ..., "pass@1": ..., "maj@16": ...}}`` over all ranks so far.
 
         On several ranks every rank must call it (the metrics gather their states)."""
@@ -106,7 +106,7 @@ class PassAtK(L.Callback):
             metric.reset()
 
     def _report(self, trainer, pl_module, stage: str) -> None:
-        table = self.table = self.scores()
+        table = self.table = self.results()
         self._reset()
         metrics = {f"{stage}/{dataset}/{name}": value for dataset, row in table.items() for name, value in row.items()
                    if "@" in name}

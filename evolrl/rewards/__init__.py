@@ -35,7 +35,7 @@ from evolrl.rewards.embedders import Embedder, EmbedderError, SentenceTransforme
 from evolrl.rewards.equivalence import answers_equivalent, normalize_answer
 from evolrl.rewards.evol_reward import EvolReward
 from evolrl.rewards.majority_vote_reward import MajorityVoteReward
-from evolrl.rewards.novelty import band_rewards, evol_rewards, evol_rewards_batched, novelty_scores
+from evolrl.rewards.novelty import band_rewards, evol_rewards, evol_rewards_batched, novelty_values
 from evolrl.rewards.novelty_bands import NoveltyBands
 from evolrl.rewards.policy_signal import PolicyReward, PolicySignal
 from evolrl.rewards.self_certainty_reward import SelfCertaintyReward
@@ -73,6 +73,6 @@ __all__ = [
     "is_valid_response",
     "majority_vote",
     "normalize_answer",
-    "novelty_scores",
+    "novelty_values",
     "read_answer",
 ]

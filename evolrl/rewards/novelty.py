@@ -1,4 +1,4 @@
-"""EVOL-RL's novelty score and reward bands, batched over prompts (docs/method.md, section 2).
+"""EVOL-RL's novelty (u) and reward bands, batched over prompts (docs/method.md, section 2).
 
 For prompt p with valid responses V', L2-normalized embeddings e and
 ``S = clip(e e^T, 0, 1)`` (self excluded):
@@ -15,7 +15,7 @@ then mapped to non-overlapping bands: majority ``0.5 + 0.5 z``, minority
 
 Deliberate differences from the authors' code: a prompt with a single valid
 response treats it as a group of one (they scored every response -1), and S is
-symmetrized so that two mutually most-similar responses get identical scores.
+symmetrized so that two mutually most-similar responses get identical novelty.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ EQUAL_ATOL = 1e-6
 """Novelty spreads below this count as "all equal" (matmul noise is ~1e-7 in float32)."""
 
 
-def novelty_scores(embeddings: Tensor, is_majority: Tensor, is_valid: Tensor, alpha: float = 0.5) -> Tensor:
+def novelty_values(embeddings: Tensor, is_majority: Tensor, is_valid: Tensor, alpha: float = 0.5) -> Tensor:
     """Raw novelty ``u`` per response, ``[P, V]``; NaN for invalid responses and lone valid ones.
 
     Args:
@@ -75,7 +75,7 @@ def band_rewards(novelty: Tensor, is_majority: Tensor, is_valid: Tensor) -> Tens
 
 def evol_rewards_batched(embeddings: Tensor, is_majority: Tensor, is_valid: Tensor, alpha: float = 0.5) -> Tensor:
     """EVOL-RL rewards ``[P, V]`` from embeddings ``[P, V, D]`` and bool masks ``[P, V]``."""
-    return band_rewards(novelty_scores(embeddings, is_majority, is_valid=is_valid, alpha=alpha), is_majority, is_valid)
+    return band_rewards(novelty_values(embeddings, is_majority, is_valid=is_valid, alpha=alpha), is_majority, is_valid)
 
 
 def evol_rewards(embeddings: Tensor, is_majority: Tensor, is_valid: Tensor, alpha: float = 0.5) -> Tensor:

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from evolrl.rewards.answers import AnswerSpan, answer_offset, final_part, strip_last_boxed
 from evolrl.rewards.embedders import Embedder, SentenceTransformerEmbedder
-from evolrl.rewards.novelty import band_rewards, novelty_scores
+from evolrl.rewards.novelty import band_rewards, novelty_values
 from evolrl.settings import check_choice, check_float, require
 from evolrl.types import RolloutBatch
 
@@ -90,5 +90,5 @@ class NoveltyBands:
                  spans: Sequence[Sequence[AnswerSpan | None]] | None = None) -> tuple[Tensor, Tensor]:
         """``(rewards, novelty)``, each ``[P, V]``; ``selected`` marks the upper band (majority or correct);
         ``spans``: where each answer was read, ``[P][V]`` (needed by ``until_answer``)."""
-        novelty = novelty_scores(self.embed(batch, valid, spans), selected, is_valid=valid, alpha=self.alpha)
+        novelty = novelty_values(self.embed(batch, valid, spans), selected, is_valid=valid, alpha=self.alpha)
         return band_rewards(novelty, selected, valid), novelty

@@ -46,13 +46,13 @@ def model_logprobs(model, inputs: dict, select: Callable[[Tensor], Tensor], targ
     """
     if not fused_head:
         logits = model(**inputs).logits
-        scores = token_stats if vocab_mean else logprobs_and_entropy
-        return scores(select(logits), targets, temperature=temperature, chunk_size=chunk_size)
+        stats = token_stats if vocab_mean else logprobs_and_entropy
+        return stats(select(logits), targets, temperature=temperature, chunk_size=chunk_size)
     head = model.get_output_embeddings()
-    scores = head_token_stats if vocab_mean else head_logprobs_and_entropy
+    stats = head_token_stats if vocab_mean else head_logprobs_and_entropy
 
     def fused(hidden: Tensor) -> Tensor:
-        return torch.stack(scores(select(hidden), head.weight, tokens=targets, temperature=temperature,
+        return torch.stack(stats(select(hidden), head.weight, tokens=targets, temperature=temperature,
                                   chunk_size=chunk_size, bias=head.bias), -1)
 
     with _forward_replaced(head, fused):
@@ -87,10 +87,10 @@ def sequence_logprobs(model, seqs: Sequences, temperature: float, chunk_size: in
     first = int(seqs.response_mask.any(0).nonzero()[0]) if seqs.response_mask.any() else width - 2
     keep = {"logits_to_keep": width - first} if takes_logits_to_keep(model) else {}
     inputs = {"input_ids": seqs.input_ids, "attention_mask": seqs.attention_mask, "use_cache": False, **keep}
-    scores = model_logprobs(model, inputs, select=lambda out: out[:, -(width - first) : -1],
-                            targets=seqs.input_ids[:, first + 1 :], temperature=temperature, chunk_size=chunk_size,
-                            fused_head=fused_head, vocab_mean=vocab_mean)
-    return tuple(F.pad(values, (first, 0)) for values in scores)
+    stats = model_logprobs(model, inputs, select=lambda out: out[:, -(width - first) : -1],
+                           targets=seqs.input_ids[:, first + 1 :], temperature=temperature, chunk_size=chunk_size,
+                           fused_head=fused_head, vocab_mean=vocab_mean)
+    return tuple(F.pad(values, (first, 0)) for values in stats)
 
 
 def takes_logits_to_keep(model) -> bool:

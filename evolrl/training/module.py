@@ -17,8 +17,8 @@ Non-obvious decisions:
 * The module trains on whatever batches it is given: a :class:`~evolrl.types.RolloutBatch`, or a
   :class:`~evolrl.types.RolloutSource` whose ``sample()`` returns one, called inside ``training_step`` (a batch
   fetched ahead would come from older weights). A batch that says which weights sampled it must come from the weights
-  of this step (``global_step``); it carries the temperature it was sampled at, under which the loss scores its
-  tokens. The module only publishes ``policy``; whatever samples the batches reads its weights from there (a callback
+  of this step (``global_step``); it carries the temperature it was sampled at, under which the loss takes its
+  tokens' log-probs. The module only publishes ``policy``; whatever samples the batches reads its weights from there (a callback
   of the sampler's own, after every training step: README "Training").
   The update is a :class:`~evolrl.training.update.GRPOUpdate` the module holds.
 * A mini-batch whose gradient norm is not finite is skipped and counted, never applied.
@@ -72,7 +72,7 @@ class EvolRLModule(L.LightningModule):
         cpu_keep_freed_memory: Training on a CPU, keep freed buffers in glibc's heap for reuse instead of unmapping
             and page-faulting them in again (``training/allocator.py``; process-wide).
 
-    The sampling temperature (whose ``softmax(logits / T)`` the loss scores) is the one each rollout batch was sampled
+    The sampling temperature (whose ``softmax(logits / T)`` the loss's log-probs are taken under) is the one each rollout batch was sampled
     at (``RolloutBatch.temperature``).
     """
 
@@ -190,7 +190,7 @@ class EvolRLModule(L.LightningModule):
                                f"version {step} (one version per training step)")
         if rollouts.temperature is None:
             raise ValueError("the rollout batch does not say at which temperature it was sampled "
-                             "(RolloutBatch.temperature): the loss scores its tokens under that temperature")
+                             "(RolloutBatch.temperature): the loss takes its log-probs under that temperature")
         return rollouts
 
     def training_step(self, batch: RolloutBatch | RolloutSource, batch_idx: int) -> StepOutput:

@@ -54,14 +54,14 @@ def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int,
     inputs = {"input_ids": ids, "position_ids": positions[None], "use_cache": False, **keep}
     if is_sequencewise(model):
         inputs["packed_lengths"] = tuple(n for n in lengths.tolist() if n)
-    scores = model_logprobs(model, inputs, select=(lambda out: out) if keep else (lambda out: out[:, at]),
-                            targets=ids[:, at + 1], temperature=temperature, chunk_size=chunk_size,
-                            fused_head=fused_head, vocab_mean=vocab_mean)  # each [1, K]
+    stats = model_logprobs(model, inputs, select=(lambda out: out) if keep else (lambda out: out[:, at]),
+                           targets=ids[:, at + 1], temperature=temperature, chunk_size=chunk_size,
+                           fused_head=fused_head, vocab_mean=vocab_mean)  # each [1, K]
 
     def unpack(values: Tensor) -> Tensor:  # [1, K] -> [N, T - 1], zeros where nothing is scored
         return values.new_zeros(scored.shape).index_put((rows, cols), values[0] * scored[rows, cols])
 
-    return tuple(unpack(values) for values in scores)
+    return tuple(unpack(values) for values in stats)
 
 
 def _last_target(response_mask: Tensor, lengths: Tensor) -> Tensor:

@@ -131,10 +131,10 @@ class GRPOUpdate:
         old = []
         for micro in (micro for mini in plan for micro in mini):
             part = self.micro_batch(seqs, micro)
-            scores = self.forward(policy, part, temperature, vocab_mean=True)
-            old.append(scores[0])
+            stats = self.forward(policy, part, temperature, vocab_mean=True)
+            old.append(stats[0])
             if micro:
-                tokens[:, micro, : part.response_mask.shape[1]] = torch.stack(scores)
+                tokens[:, micro, : part.response_mask.shape[1]] = torch.stack(stats)
         return PolicyPass(plan, old, *tokens.unbind(0))
 
     def __call__(self, policy: nn.Module, reference: nn.Module | None, seqs: Sequences, temperature: float,

@@ -1,13 +1,13 @@
 """pass@k and maj@k as ``torchmetrics`` metrics, for any LightningModule or plain loop.
 
 ``update(answers, correct, ids=None)`` takes one batch: per problem the ``n`` extracted answers
-and whether each is correct (``[problems][n]``), and optionally the problems' ids. The score of
+and whether each is correct (``[problems][n]``), and optionally the problems' ids. The value of
 each problem is computed right there with the exact functions (:func:`~evolrl.metrics.pass_at_k`,
 :func:`~evolrl.metrics.maj_at_k`), so the states are small tensors, one row per problem:
 
 * ``problem_ids``: int64, a stable 63-bit hash of each id (:func:`problem_key`), ``-1`` without ids;
 * ``samples``: int64, the ``n`` of each problem;
-* ``scores``: float64 ``[problems, ks]``, the per-problem pass@k / maj@k.
+* ``values``: float64 ``[problems, ks]``, the per-problem pass@k / maj@k.
 
 All three are list states with ``dist_reduce_fx="cat"``: torchmetrics gathers them from every rank
 in ``compute()``, which then counts each problem id once (the first row, in rank order). Lightning's
@@ -15,7 +15,7 @@ distributed sampler repeats problems to give every rank the same number of batch
 are not counted twice. Problems without ids are all counted.
 
 Use :class:`PassAtKMetric` / :class:`MajAtKMetric` (one k, a scalar: ``self.log(name, metric)``), or
-:class:`EvalScores` (several ks at once: ``compute()`` returns a dict).
+:class:`EvalMetrics` (several ks at once: ``compute()`` returns a dict).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def counted_once(ids: Tensor) -> Tensor:
     return keep
 
 
-class _ProblemScores(Metric):
+class _ProblemMetric(Metric):
     """Per-problem pass@k / maj@k rows, gathered across ranks and counted once per problem id."""
 
     full_state_update = False
@@ -77,7 +77,7 @@ class _ProblemScores(Metric):
 
     problem_ids: list[Tensor] | Tensor
     samples: list[Tensor] | Tensor
-    scores: list[Tensor] | Tensor
+    values: list[Tensor] | Tensor
 
     def __init__(self, pass_ks: tuple[int, ...], maj_ks: tuple[int, ...], **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -85,11 +85,11 @@ class _ProblemScores(Metric):
         self.maj_ks = maj_ks
         self.add_state("problem_ids", default=[], dist_reduce_fx="cat")
         self.add_state("samples", default=[], dist_reduce_fx="cat")
-        self.add_state("scores", default=[], dist_reduce_fx="cat")
+        self.add_state("values", default=[], dist_reduce_fx="cat")
 
     @property
     def names(self) -> tuple[str, ...]:
-        """The column names of ``scores``: ``pass@k`` for each pass k, then ``maj@k``."""
+        """The column names of ``values``: ``pass@k`` for each pass k, then ``maj@k``."""
         return (*(f"pass@{k}" for k in self.pass_ks), *(f"maj@{k}" for k in self.maj_ks))
 
     def update(self, answers: Sequence[Sequence[str | None]], correct: Sequence[Sequence[bool]],
@@ -119,44 +119,44 @@ class _ProblemScores(Metric):
             return
         self.problem_ids.append(torch.tensor(keys, dtype=torch.long, device=self.device))
         self.samples.append(torch.tensor(sizes, dtype=torch.long, device=self.device))
-        self.scores.append(torch.tensor(rows, dtype=torch.float64, device=self.device).reshape(len(rows), -1))
+        self.values.append(torch.tensor(rows, dtype=torch.float64, device=self.device).reshape(len(rows), -1))
 
     def _counted(self) -> tuple[Tensor, Tensor]:
-        """``(samples [m], scores [m, ks])`` of the problems counted (each id once)."""
+        """``(samples [m], values [m, ks])`` of the problems counted (each id once)."""
         if isinstance(self.problem_ids, list) and not self.problem_ids:
             return (torch.zeros(0, dtype=torch.long, device=self.device),
                     torch.zeros(0, len(self.names), dtype=torch.float64, device=self.device))
         keep = counted_once(dim_zero_cat(self.problem_ids))
-        return dim_zero_cat(self.samples)[keep], dim_zero_cat(self.scores)[keep]
+        return dim_zero_cat(self.samples)[keep], dim_zero_cat(self.values)[keep]
 
     @staticmethod
-    def _means(scores: Tensor) -> Tensor:
+    def _means(values: Tensor) -> Tensor:
         """Column means; NaN before any problem was seen."""
-        return scores.mean(0) if len(scores) else torch.full(scores.shape[1:], float("nan"), dtype=scores.dtype,
-                                                             device=scores.device)
+        return values.mean(0) if len(values) else torch.full(values.shape[1:], float("nan"), dtype=values.dtype,
+                                                             device=values.device)
 
     def _sync_dist(self, dist_sync_fn: Callable = gather_all_tensors, process_group: Any = None) -> None:
         # A rank without a problem would send torchmetrics' float32 stand-in of shape [0] for every state;
         # send empty tensors of the real dtypes and shapes instead.
         empty = {"problem_ids": torch.zeros(0, dtype=torch.long), "samples": torch.zeros(0, dtype=torch.long),
-                 "scores": torch.zeros(0, len(self.names), dtype=torch.float64)}
+                 "values": torch.zeros(0, len(self.names), dtype=torch.float64)}
         for attr, value in empty.items():
             if isinstance(getattr(self, attr), list) and not getattr(self, attr):
                 setattr(self, attr, [value.to(self.device)])
         super()._sync_dist(dist_sync_fn, process_group)
 
     def _apply(self, fn: Callable, exclude_state: Sequence[str] = ()) -> Metric:
-        # nn.Module.to(dtype) (e.g. on a bf16 module) must not round the per-problem scores: keep them float64.
+        # nn.Module.to(dtype) (e.g. on a bf16 module) must not round the per-problem values: keep them float64.
         this = super()._apply(fn, exclude_state)
-        scores = getattr(this, "scores", None)
-        if isinstance(scores, Tensor):
-            this.scores = scores.double()
-        elif scores is not None:
-            this.scores = [s.double() for s in scores]
+        values = getattr(this, "values", None)
+        if isinstance(values, Tensor):
+            this.values = values.double()
+        elif values is not None:
+            this.values = [s.double() for s in values]
         return this
 
 
-class EvalScores(_ProblemScores):
+class EvalMetrics(_ProblemMetric):
     """pass@k and maj@k for several k, averaged over the distinct problems seen.
 
     ``compute()`` returns ``{"pass@1": ..., "maj@16": ..., "problems": ..., "samples": ...}``: float64
@@ -169,21 +169,21 @@ class EvalScores(_ProblemScores):
     """
 
     def __init__(self, pass_ks: Sequence[int] = (1,), maj_ks: Sequence[int] = (), **kwargs: Any) -> None:
-        pass_ks = check_ks("EvalScores.pass_ks", pass_ks, allow_empty=True)
-        maj_ks = check_ks("EvalScores.maj_ks", maj_ks, allow_empty=True)
-        require(bool(pass_ks or maj_ks), "EvalScores.pass_ks", pass_ks, allowed="at least one k in pass_ks or maj_ks")
+        pass_ks = check_ks("EvalMetrics.pass_ks", pass_ks, allow_empty=True)
+        maj_ks = check_ks("EvalMetrics.maj_ks", maj_ks, allow_empty=True)
+        require(bool(pass_ks or maj_ks), "EvalMetrics.pass_ks", pass_ks, allowed="at least one k in pass_ks or maj_ks")
         super().__init__(pass_ks, maj_ks, **kwargs)
 
     def compute(self) -> dict[str, Tensor]:
-        samples, scores = self._counted()
-        means = self._means(scores)
+        samples, values = self._counted()
+        means = self._means(values)
         out = {name: means[j] for j, name in enumerate(self.names)}
         out["problems"] = torch.tensor(len(samples), device=self.device)
         out["samples"] = samples.min() if len(samples) else torch.tensor(0, device=self.device)
         return out
 
 
-class PassAtKMetric(_ProblemScores):
+class PassAtKMetric(_ProblemMetric):
     """pass@k (unbiased estimator) averaged over the distinct problems seen; ``compute()`` is a scalar,
     so a LightningModule logs it with ``self.log(name, metric)``.
 
@@ -201,7 +201,7 @@ class PassAtKMetric(_ProblemScores):
         return self._means(self._counted()[1])[0]
 
 
-class MajAtKMetric(_ProblemScores):
+class MajAtKMetric(_ProblemMetric):
     """maj@k (exact expected accuracy of a majority vote over k of the n samples) averaged over the distinct
     problems seen; ``compute()`` is a scalar (``self.log(name, metric)``).
 
