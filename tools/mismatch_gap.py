@@ -9,7 +9,8 @@ Builds the module, the data module and the trainer from the configs (``--config`
 (``evolrl.cli.main(..., run=False)``), so the model, prompts (system prompt included), engine, sampling, passes and
 precision are the ones ``fit`` would use; starts the engine with the policy's weights (as ``fit`` does before its
 first step), samples ``--steps`` training steps' prompts x V responses, scores every response token as the update does
-(``GRPOUpdate.forward``, under the trainer's autocast, on one device: FSDP's bf16 all-gathered weights are not
+(the policy built by ``build_models`` as the module builds it, ``GRPOUpdate.forward`` over the update's own passes,
+``GRPOUpdate.plan``, under the trainer's autocast, on one device: FSDP's bf16 all-gathered weights are not
 reproduced) and prints the ``mismatch/*`` numbers that no correction, ``TokenTruncate()`` and ``SequenceMask()``
 (``GRPOLoss.mismatch_correction``, ``evolrl/algorithms/corrections.py``, default settings) would log for them, over all
 the sampled responses. Nothing is trained. On a CPU without native bf16 the config's bf16 runs as float32, as in
@@ -27,8 +28,8 @@ import torch
 
 from evolrl.algorithms import SequenceMask, TokenTruncate, mismatch_summary
 from evolrl.cli import main as cli_main
-from evolrl.models import load_policy
 from evolrl.training import GRPOLoss
+from evolrl.training.build import Dtypes, build_models
 from evolrl.training.scoring import PAD_ID
 from evolrl.training.sequences import trained_sequences
 from evolrl.types import RolloutBatch
@@ -54,7 +55,11 @@ def measure(configs: list[str], steps: int, engine_dtype: str | None, precision:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     datamodule.setup("fit")
     rollouts, update = datamodule.rollouts, module.update
-    policy = load_policy(module.model_name).to(device)  # float32: the trainer's master weights
+    dtypes = Dtypes.resolve(precision, module.dtype_name, reference=module.reference_dtype,
+                            fsdp_param=module.fsdp_param_dtype)
+    policy, _ = build_models(module.model_name, dtypes, with_reference=False, device=device,  # as configure_model
+                             trust_remote_code=module.trust_remote_code, packed=update.batching.packed)
+    policy = policy.to(device)
     rollouts.push(policy)
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if precision.startswith("bf16")
                 else contextlib.nullcontext())
@@ -70,9 +75,8 @@ def measure(configs: list[str], steps: int, engine_dtype: str | None, precision:
         batch = RolloutBatch(sampled.groups, sampled.weights_version, torch.arange(v).repeat(p, 1))  # all V
         seqs = trained_sequences(batch, torch.zeros(p, v), PAD_ID).to(device)
         tokens += int(seqs.response_mask.sum())
-        micro = update.batching.micro_batch_size
-        for start in range(0, len(seqs), micro):
-            part = seqs.select(list(range(start, min(start + micro, len(seqs)))))
+        for micro in (micro for mini in update.plan(seqs) for micro in mini if micro):  # the update's passes
+            part = update.micro_batch(seqs, micro)
             with torch.no_grad(), autocast:
                 old = update.forward(policy, part, rollouts.temperature)[0]
             for mode, loss in losses.items():
