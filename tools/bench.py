@@ -23,13 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _common import status_mib
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -79,7 +80,7 @@ def vllm_engine(a: argparse.Namespace):
 def peak_memory() -> dict[str, float]:
     import torch
 
-    out = {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    out = {"peak_rss_gib": status_mib("VmHWM") / 1024}  # not ru_maxrss: a child inherits its parent's peak there
     if torch.cuda.is_available():
         out["cuda_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     return out

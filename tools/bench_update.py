@@ -296,7 +296,7 @@ def result_row(name: str, path: str, m: dict, peaks: dict[str, float]) -> str:
     return row([name, path, m["passes"], m["largest"], f"{1 - m['real'] / m['computed']:.3f}", f"{m['seconds']:.2f}",
                 f"{m['tokens_s']:.0f}", f"{m['update_mib']:.0f}", f"{m['abs_mib']:.0f}",
                 f"{rate / 1e9:.3g}", f"{rate / peaks['bfloat16']:.3g}", f"{rate / peaks['float32']:.3g}",
-                f"{m['block_mm'] / 1e9:.0f}"])
+                f"{m['block_mm'] / 1e9:.3g}"])
 
 
 def memory_check(a: argparse.Namespace, model: str, heavy: list[int]) -> None:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from _common import reset_peak, status_mib
 from bench_update import counted_weights, make_sequences, matmul_peak, responses, update_flops
 from gpu_budget import budget as memory_budget
 from gpu_budget import from_config
@@ -132,16 +133,11 @@ def one_update(model_dir: Path, device: torch.device, sequences: int, mini_batch
             torch.cuda.reset_peak_memory_stats(device)
         else:
             with contextlib.suppress(OSError):
-                Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+                reset_peak()
         seconds = step(lengths, seed=10 + i)
-        peak = torch.cuda.max_memory_allocated(device) / GIB if cuda else _vm_hwm_gib()
+        peak = torch.cuda.max_memory_allocated(device) / GIB if cuda else status_mib("VmHWM") / 1024
         measured.append({"seconds": seconds, "tokens": sum(lengths), "longest": max(lengths), "peak_gib": peak,
                          "flops": update_flops(counted_weights(policy), lengths, prompt=prompt, mini_batch=mini_batch,
                                                kl=True)})
     params = sum(p.numel() for p in policy.parameters())
     return {"draws": measured, "params": params, "skipped": update.skipped_steps}
-
-
-def _vm_hwm_gib() -> float:
-    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM:"))
-    return int(line.split()[1]) / 2**20
