@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import study
 import yaml
 
 TOOL = Path(__file__).parent.parent / "tools" / "study.py"
-spec = importlib.util.spec_from_file_location("study", TOOL)
-study = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(study)
 
 
 def test_a_run_keeps_the_study_length_unless_steps_are_given():

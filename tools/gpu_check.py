@@ -46,7 +46,6 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tools this one builds on
 warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' renamings, not this report's business
 
 import gpu_check_env as env

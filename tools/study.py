@@ -7,7 +7,7 @@
     python tools/study.py rewards          # what each reward pays a clean answer vs one with trailing text (1 min)
     python tools/study.py probe --task word   # the base model on word problems with room to reason (WORD_CANDIDATES)
     python tools/study.py run --task word     # the same runs on the word problems (configs/study_reasoning.yaml)
-    python tools/study.py run --methods ttrl ttrl_clip_entropy evol evol_until --float32 --out runs/study2  # Study II
+    python tools/study.py run --methods ttrl ttrl_clip_entropy evol evol_until --float32 --out results/study2  # Study II
     python tools/study.py run --methods self_certainty token_entropy semantic_entropy --seeds 0   # the others
     python tools/study.py run --methods evol ttrl self_certainty token_entropy semantic_entropy --seeds 0 \
         --steps 12 --out runs/family   # every method side by side at the demo's length (~6 min a run)
@@ -17,7 +17,8 @@ method's overlay (``METHODS``: none for EVOL-RL, ``configs/demo_ttrl.yaml`` for 
 beside the run with its seed (``seed_everything`` and ``data.seed``: prompt order, trained subsets, sampling) and its
 log directory ``<out>/<method>/seed<S>``. The methods differ only where their overlays say; everything else
 (model, task, steps, learning rate, evaluation) is ``configs/study.yaml`` on top of the demo. A finished run leaves
-``done.json`` (its wall time); ``run`` skips those and starts an unfinished one again from the beginning.
+``done.json`` (its wall time and the commit it ran at); ``run`` skips those and starts an unfinished one again
+from the beginning.
 
 ``probe`` evaluates the untrained model on each candidate task of ``CANDIDATES`` with ``python -m evolrl validate``:
 at the evaluation sampling (temperature 0.6, top-p 0.95) pass@1, pass@8, pass@16 and maj@16 of 16 samples, and at the
@@ -52,11 +53,10 @@ import time
 from pathlib import Path
 
 import yaml
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
 from plot_dynamics import plot, read_scalars
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+ROOT = Path(__file__).resolve().parent.parent
 
 BASE = ["configs/demo.yaml", "configs/study.yaml"]
 METHODS = {
@@ -146,6 +146,14 @@ def run_configs(task: str, method: str) -> list[str]:
     return BASE + TASKS[task] + METHODS[method][1]
 
 
+def commit() -> str:
+    """The checkout's commit, ``+changes`` when tracked files differ from it (what a run was made with)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True, check=False)
+    return (head.stdout.strip() or "unknown") + ("+changes" if dirty.stdout.strip() else "")
+
+
 def run(a: argparse.Namespace) -> None:
     out = Path(a.out)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -166,7 +174,7 @@ def run(a: argparse.Namespace) -> None:
             seconds = time.perf_counter() - start
             if code:
                 sys.exit(f"{method} seed {seed} failed (exit {code}); its console: {directory / 'console.log'}")
-            (directory / "done.json").write_text(json.dumps({"seconds": seconds}))
+            (directory / "done.json").write_text(json.dumps({"seconds": seconds, "commit": commit()}))
             print(f"{method} seed {seed}: {seconds / 60:.1f} min", flush=True)
 
 
