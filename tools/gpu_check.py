@@ -52,6 +52,7 @@ import gpu_check_env as env
 import gpu_check_probes as probes
 import gpu_check_runs as runs
 import torch
+import update_profile
 
 SECTIONS = ("environment", "gpu-tests", "fit", "kl", "update", "vllm")
 KL_RATIO, KL_FLOOR = 1.5, 0.005
@@ -171,12 +172,12 @@ def update(check: Check) -> tuple[bool, list[str]]:
         runs.random_qwen3(model, size["shape"], vocab=size["vocab"], device=check.device.type)
     keys = ("sequences", "mini_batch", "prompt", "median", "cap", "budget", "draws")
     out = probes.one_update(model, check.device, **{k: size[k] for k in keys})
-    peak_rate, peak_source = probes.card_peak(check.device)
+    peak_rate, peak_source = update_profile.card_peak(check.device)
     draws = out["draws"]
     seconds = statistics.median(d["seconds"] for d in draws)
     rate = sum(d["flops"] for d in draws) / sum(d["seconds"] for d in draws)
     tokens = sum(d["tokens"] for d in draws) / sum(d["seconds"] for d in draws)
-    peak, estimate = max(d["peak_gib"] for d in draws), probes.estimated_update_gib(model, size["budget"])
+    peak, estimate = max(d["peak_gib"] for d in draws), update_profile.estimated_update_gib(model, size["budget"])
     memory_ok = not check.gpu or peak <= MEMORY_SLACK * estimate
     compared = (f"ratio {peak / estimate:.2f}, FAILED above {MEMORY_SLACK}" if check.gpu else
                 "not compared on a CPU: the resident set holds the runtime and libraries too")

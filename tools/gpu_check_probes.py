@@ -18,16 +18,9 @@ from pathlib import Path
 
 import torch
 from _common import reset_peak, status_mib
-from bench_update import counted_weights, make_sequences, matmul_peak, responses, update_flops
-from gpu_budget import budget as memory_budget
-from gpu_budget import from_config
+from bench_update import counted_weights, make_sequences, responses, update_flops
 
 GIB = 2**30
-DENSE_BF16_TFLOPS = {"H200": 989, "H100 PCIe": 756, "H100 NVL": 835, "H100": 989, "A100": 312, "L40S": 362,
-                     "L40": 181, "L4": 121}
-"""Published dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, by a part of the device's name (first match, so
-the longer names come first); another card's peak is measured."""
-
 
 def autocast(device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16)
@@ -61,38 +54,6 @@ def kl_at_positions(model_dir: Path, length: int, bands: list[tuple[int, int]], 
     rotary = {str(b.dtype) for name, b in ref.named_buffers() if "inv_freq" in name}
     return {"bands": [(lo, hi, float(gap[lo:hi].mean()), float(k3[lo:hi].mean())) for lo, hi in bands],
             "k3": float(k3.mean()), "rotary": ", ".join(sorted(rotary)) or "none", "mean_logp": float(mine.mean())}
-
-
-def card_peak(device: torch.device) -> tuple[float, str]:
-    """``(FLOP/s, where from)``: the card's published dense bf16 peak, else (on a CPU) the faster of a measured bf16
-    and float32 matmul's rates."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for part, tflops in DENSE_BF16_TFLOPS.items():
-            if part in name:
-                return tflops * 1e12, f"{name}: {tflops} TFLOP/s dense bf16, published"
-        a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-        for _ in range(3):
-            a @ a
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(10):
-            a @ a
-        torch.cuda.synchronize()
-        rate = 10 * 2 * 8192**3 / (time.perf_counter() - start)
-        return rate, f"{name}: not in the table, measured 8192^3 bf16 matmul {rate / 1e12:.0f} TFLOP/s"
-    # Small matmuls: a CPU without native bf16 runs them at ~1 GFLOP/s, so the peak is the faster dtype's.
-    rates = {dtype: matmul_peak(dtype, 512, 3) for dtype in ("bfloat16", "float32")}
-    best = max(rates, key=rates.get)
-    measured = ", ".join(f"{dtype} {rate / 1e9:.2f}" for dtype, rate in rates.items())
-    return rates[best], f"this CPU's best 512^3 matmul ({best}; measured GFLOP/s: {measured})"
-
-
-def estimated_update_gib(model_dir: Path, budget_tokens: int) -> float:
-    """``tools/gpu_budget.py``'s update-time estimate on one device, without the engine and the embedder."""
-    rows = memory_budget(from_config(str(model_dir / "config.json")), gpus=1, gpu_gib=80.0, vllm_fraction=0.0,
-                         samples=1, prompt=0, new=budget_tokens, micro=None, max_tokens=budget_tokens, embed_batch=0)
-    return sum(update for name, _, _, update in rows[:-1] if not name.startswith(("vLLM", "embedder")))
 
 
 def one_update(model_dir: Path, device: torch.device, sequences: int, mini_batch: int, prompt: int, median: int,

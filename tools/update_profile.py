@@ -15,9 +15,17 @@ download.
 
 from __future__ import annotations
 
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+import torch
+from _common import matmul_peak
+from gpu_budget import budget as memory_budget
+from gpu_budget import from_config
+
+GIB = 2**30
 
 QWEN3_COMMON = {"vocab_size": 151936, "head_dim": 128, "num_key_value_heads": 8, "max_position_embeddings": 40960,
                 "rope_theta": 1000000.0, "rms_norm_eps": 1e-6}
@@ -36,19 +44,23 @@ LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaun
             "cudaGraphLaunch")
 """The CPU-side calls that start work on the GPU (a CUDA graph's launch counts once)."""
 
+DENSE_BF16_TFLOPS = {"H200": 989, "H100 PCIe": 756, "H100 NVL": 835, "H100": 989, "A100": 312, "L40S": 362,
+                     "L40": 181, "L4": 121}
+"""Published dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, by a part of the device's name (first match, so
+the longer names come first); another card's peak is measured."""
+
 
 def write_random_model(shape: str, directory: Path, seed: int = 0, device: str = "cpu") -> Path:
     """A Qwen3 of the named shape with random weights (transformers' own initialisation), saved in bfloat16 to
     ``directory`` (once: an existing one is reused). ``device``: where the weights are drawn (a GPU draws a 4B model in
     seconds, a CPU in minutes)."""
-    import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     if (directory / "config.json").exists():
         return directory
     if shape not in QWEN3:
         raise SystemExit(f"unknown shape {shape!r}: one of {', '.join(QWEN3)}")
-    config = Qwen3Config(**QWEN3_COMMON, **QWEN3[shape], torch_dtype="bfloat16")
+    config = Qwen3Config(**QWEN3_COMMON, **QWEN3[shape])
     torch.manual_seed(seed)
     with torch.device(device):
         model = Qwen3ForCausalLM(config).to(torch.bfloat16)
@@ -83,7 +95,6 @@ def kernel_summary(kernels: list[tuple[str, float, float]], launches: int, wall_
 def cuda_profile(run: Callable[[], None], wall_s: float, top: int) -> dict:
     """``run()`` (one update) under torch.profiler with CUDA activity: ``kernel_summary`` of what it launched, against
     ``wall_s``, the same update's time without the profiler."""
-    import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -121,3 +132,35 @@ def summary_lines(profiled: dict, top: int) -> list[str]:
     for name, calls, seconds, share in profiled["top"][:top]:
         lines.append(f"| {name[:90]} | {calls} | {seconds:.3f} | {share:.1%} |")
     return lines
+
+
+def card_peak(device: torch.device) -> tuple[float, str]:
+    """``(FLOP/s, where from)``: the card's published dense bf16 peak, else (on a CPU) the faster of a measured bf16
+    and float32 matmul's rates."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for part, tflops in DENSE_BF16_TFLOPS.items():
+            if part in name:
+                return tflops * 1e12, f"{name}: {tflops} TFLOP/s dense bf16, published"
+        a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+        for _ in range(3):
+            a @ a
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(10):
+            a @ a
+        torch.cuda.synchronize()
+        rate = 10 * 2 * 8192**3 / (time.perf_counter() - start)
+        return rate, f"{name}: not in the table, measured 8192^3 bf16 matmul {rate / 1e12:.0f} TFLOP/s"
+    # Small matmuls: a CPU without native bf16 runs them at ~1 GFLOP/s, so the peak is the faster dtype's.
+    rates = {dtype: matmul_peak(dtype, 512, 3) for dtype in ("bfloat16", "float32")}
+    best = max(rates, key=rates.get)
+    measured = ", ".join(f"{dtype} {rate / 1e9:.2f}" for dtype, rate in rates.items())
+    return rates[best], f"this CPU's best 512^3 matmul ({best}; measured GFLOP/s: {measured})"
+
+
+def estimated_update_gib(model_dir: Path, budget_tokens: int) -> float:
+    """``tools/gpu_budget.py``'s update-time estimate on one device, without the engine and the embedder."""
+    rows = memory_budget(from_config(str(model_dir / "config.json")), gpus=1, gpu_gib=80.0, vllm_fraction=0.0,
+                         samples=1, prompt=0, new=budget_tokens, micro=None, max_tokens=budget_tokens, embed_batch=0)
+    return sum(update for name, _, _, update in rows[:-1] if not name.startswith(("vLLM", "embedder")))
