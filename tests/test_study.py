@@ -42,5 +42,7 @@ def test_a_two_step_smoke_of_both_methods_then_the_summary(tmp_path):
     assert re.search(r"^\| trailing_fraction last 2 \| [\d.]+ \+- 0\.000 \|", table, re.MULTILINE), table
     assert re.search(r"^\| \d+ \| [\d.]+ \+- 0\.000 \| [\d.]+ \+- 0\.000 \|", table, re.MULTILINE), table  # per evaluation
     assert re.search(r"^\| TTRL seed0 \| [\d.]+ \| [\d.]+ \|", table, re.MULTILINE), table  # per run
+    assert re.search(r"^\| step \| [^|]+ entropy \| [^|]+ entropy \| [^|]+ length \|", table, re.MULTILINE), table
+    assert re.search(r"^\| 2 \|(?: [\d.]+ \+- 0\.000 \|){6}$", table, re.MULTILINE), table  # curves at evaluation
     assert re.search(r"TTRL, seed0, the last sampled responses logged, step \d+:\n\| prompt \|", table), table
     assert (tmp_path / "study.png").stat().st_size > 10_000

@@ -34,7 +34,8 @@ under ``<out>/probe`` or ``<out>/probe_word`` to measure it anew.
 evaluation, the step the collapse monitor flagged (``CollapseMonitor`` in configs/study.yaml; how many runs had one),
 and the training curves' means over the first and the last ``--tail`` steps (entropy, response length, trailing
 fraction: the responses with text after their answer, majority ratio, label accuracy) and the median step, reward
-and update times, each as mean +- sd over the seeds; the same held-out metrics at every evaluation step; the last
+and update times, each as mean +- sd over the seeds; the same held-out metrics at every evaluation step, and beside
+them the training curves (entropy, length, trailing fraction) over the ``--tail`` steps up to it; the last
 sampled responses each method's first seed logged; then ``tools/plot_dynamics.py`` draws the curves (mean over
 seeds, min-max band).
 """
@@ -221,6 +222,24 @@ def evaluations(scalars: dict[str, list[dict]], methods: list[str]) -> None:
         print(f"| {step} | {' | '.join(cells)} |")
 
 
+def curves_at_evaluations(scalars: dict[str, list[dict]], methods: list[str], tail: int) -> None:
+    """At every evaluation step, the training curves' mean over the ``tail`` training steps up to it (entropy, response
+    length, trailing fraction), mean +- sd over the seeds of each method: a drift into trailing text shows beside
+    the entropy it buys."""
+    curves = {"entropy": "entropy", "response_length": "length", "trailing_fraction": "trailing"}
+    heads = [f"{METHODS[m][0]} {short}" for short in curves.values() for m in methods]
+    print(f"| step | {' | '.join(heads)} |\n" + "|---" * (len(heads) + 1) + "|")
+    steps = sorted({s for runs in scalars.values() for run in runs for s, _ in run.get(f"val/{EVAL_SET}/pass@1", [])})
+
+    def before(run: dict, name: str, step: int) -> list[float]:
+        return [v for s, v in run.get(f"train/{name}", []) if step - tail < s <= step]
+
+    for step in steps[1:]:  # the first evaluation comes before any training step
+        cells = [mean_sd([statistics.mean(vs) for run in scalars[m] if (vs := before(run, name, step))])
+                 for name in curves for m in methods]
+        print(f"| {step} | {' | '.join(cells)} |")
+
+
 def per_run(scalars: dict[str, list[dict]], runs: dict[str, list[Path]], tail: int) -> None:
     """One row per run: held-out metrics at the last evaluation, training curves over the last ``tail`` steps, and
     where the entropy bottomed out (the lowest mean over ``tail`` consecutive steps)."""
@@ -263,6 +282,8 @@ def summary(a: argparse.Namespace) -> None:
     per_run(scalars, runs, a.tail)
     print()
     evaluations(scalars, a.methods)
+    print()
+    curves_at_evaluations(scalars, a.methods, a.tail)
     for m in a.methods:
         if runs[m]:
             print(f"\n{METHODS[m][0]}, {runs[m][0].name}, the last sampled responses logged, {last_samples(runs[m][0])}")
