@@ -1,8 +1,9 @@
 """What the benchmarks share: this process's memory as Linux reports it, the times of repeated calls, and this
-machine's matmul rate."""
+machine's matmul rate, a free port for a process group."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,13 @@ def status_mib(field: str = "VmRSS") -> float:
 def reset_peak() -> None:
     """Start ``VmHWM`` again from the current ``VmRSS`` (Linux >= 4.0), to measure one phase's peak."""
     Path("/proc/self/clear_refs").write_text("5")
+
+
+def free_port() -> int:
+    """A TCP port on the loopback that nothing listens on now (for a process group's rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def call_times(fn: Callable[[], object], repeats: int, warmup: int = 0) -> list[float]:

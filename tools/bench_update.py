@@ -80,7 +80,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import matmul_peak, reset_peak, status_mib
+from _common import free_port, matmul_peak, reset_peak, status_mib
 from update_profile import QWEN3
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -236,16 +236,11 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
 def one_device_mesh():
     """A process group of this one process (NCCL) and a device mesh over its GPU: FSDP2 as a run of one GPU under
     ``ModelParallelStrategy`` has it."""
-    import socket
-
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     if not dist.is_initialized():
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     return init_device_mesh("cuda", (1,), mesh_dim_names=("data_parallel",))
 
 

@@ -21,13 +21,12 @@ import argparse
 import copy
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from _common import status_mib
+from _common import free_port, status_mib
 
 LOADINGS = ("every-rank", "rank0")
 
@@ -81,9 +80,7 @@ def random_llama(directory: Path) -> str:
 
 
 def measure(loading: str, model: str, precision: str, ranks: int) -> list[dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = [subprocess.Popen(
         [sys.executable, __file__, "--worker", loading, "--model", model, "--precision", precision],
         stdout=subprocess.PIPE, text=True,
