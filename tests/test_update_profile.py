@@ -1,14 +1,17 @@
-"""tools/update_profile.py: the busy-time arithmetic by hand, the operator count on a real update, the named shapes."""
+"""tools/update_profile.py: the busy-time arithmetic by hand, the named shapes; bench_update's operator count (the
+CPU's launch proxy) on a real update."""
 
 from __future__ import annotations
 
 import json
+import re
 from functools import partial
 
 import pytest
 import torch
+from bench_update import operator_times
 from helpers import mixed_sequences
-from update_profile import QWEN3, covered, kernel_summary, operator_calls, write_random_model
+from update_profile import QWEN3, covered, kernel_summary, write_random_model
 
 from evolrl.models import load_policy
 from evolrl.training import Batching, GRPOLoss
@@ -36,8 +39,8 @@ def test_kernel_summary_by_hand():
 
 
 def test_operator_calls_of_a_real_update_and_fewer_with_packing(tiny_model):
-    """The CPU's launch-count proxy on the tiny model: a packed update runs one row where the padded one runs three
-    micro-batches, so it makes fewer calls; both count forward and backward operators."""
+    """The CPU's launch-count proxy (bench_update's operator table) on the tiny model: a packed update runs one row where
+    the padded one runs three micro-batches, so it makes fewer calls; the table counts forward and backward."""
     counts = {}
     for packed in (False, True):
         policy = load_policy(tiny_model)
@@ -47,13 +50,11 @@ def test_operator_calls_of_a_real_update_and_fewer_with_packing(tiny_model):
         optimizer, scheduler = build_optimizer(list(policy.parameters()), Optimization())
         start_schedule(scheduler, 10)
         seqs = mixed_sequences(policy.config.vocab_size)
-        calls = operator_calls(partial(update, policy, None, seqs, temperature=1.0, optimizer=optimizer,
-                                       scheduler=scheduler))
-        assert calls["mm"] > 0 and any(name.endswith("_backward") for name in calls), calls.most_common(5)
-        counts[packed] = sum(calls.values())
+        table = operator_times(partial(update, policy, None, seqs, temperature=1.0, optimizer=optimizer,
+                                       scheduler=scheduler), top=50)
+        assert re.search(r"^\| mm \| \d+ \|", table, re.MULTILINE) and "_backward |" in table, table
+        counts[packed] = int(re.search(r"; (\d+) operator calls", table).group(1))
     assert counts[True] < counts[False], counts
-
-
 def test_named_shapes_are_qwen3s_published_sizes(tmp_path, monkeypatch):
     """Parameter counts of the named shapes against the published sizes (0.6B ... 8B), built on the meta device; and
     one written with random weights loads as the policy (the smallest, shrunk to 2 layers to keep it quick)."""

@@ -1,4 +1,5 @@
-"""Where one update's time goes, for ``tools/bench_update.py``: model shapes by name, and a profile of one update.
+"""Where one update's time goes, for ``tools/bench_update.py``: model shapes by name, and a profile of one update
+on a GPU.
 
 On a GPU (``cuda_profile``): torch.profiler's CUDA activity over one update gives the kernels that ran, when, and the
 launches the CPU made. The **GPU-busy fraction** is the time covered by at least one kernel (the union of their
@@ -6,8 +7,7 @@ intervals, overlaps counted once) over the update's wall time measured *without*
 the CPU side that launches kernels, hardly the kernels themselves), capped at 1. **Launches** count the CUDA runtime
 and driver calls that start a kernel (``cudaLaunchKernel``, ``cuLaunchKernel`` and their variants) on the CPU side.
 
-On a CPU (``operator_calls``): every aten operator call counted by a ``TorchDispatchMode`` (forward and backward
-alike). On a GPU each of them is one kernel launch or more, so it is the CPU's proxy for the launch count.
+On a CPU, ``bench_update.operator_times`` counts the update's aten operator calls instead: the launch-count proxy.
 
 Shapes (``QWEN3``): the published Qwen3 configs' decoder shapes, random weights (``write_random_model``), no
 download.
@@ -16,7 +16,7 @@ download.
 from __future__ import annotations
 
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -105,22 +105,6 @@ def cuda_profile(run: Callable[[], None], wall_s: float, top: int) -> dict:
     kernels = [(e.name, e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA]
     launches = sum(1 for e in events if e.device_type == DeviceType.CPU and e.name in LAUNCHES)
     return kernel_summary(kernels, launches=launches, wall_s=wall_s, top=top)
-
-
-def operator_calls(run: Callable[[], None]) -> Counter:
-    """aten operator calls made during ``run()``, by operator (forward and backward alike)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    calls: Counter = Counter()
-
-    class Counted(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            calls[func.overloadpacket.__name__] += 1
-            return func(*args, **(kwargs or {}))
-
-    with Counted():
-        run()
-    return calls
 
 
 def summary_lines(profiled: dict, top: int) -> list[str]:
