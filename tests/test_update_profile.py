@@ -39,8 +39,8 @@ def test_kernel_summary_by_hand():
 
 
 def test_operator_calls_of_a_real_update_and_fewer_with_packing(tiny_model):
-    """The CPU's launch-count proxy (bench_update's operator table) on the tiny model: a packed update runs one row where
-    the padded one runs three micro-batches, so it makes fewer calls; the table counts forward and backward."""
+    """The CPU's launch-count proxy (bench_update's operator table) on the tiny model: a packed update runs one row
+    where the padded one runs three micro-batches, so it makes fewer calls; the table counts forward and backward."""
     counts = {}
     for packed in (False, True):
         policy = load_policy(tiny_model)

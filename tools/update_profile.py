@@ -40,7 +40,8 @@ QWEN3 = {
                  "tie_word_embeddings": False},
 }
 """Name -> the fields of Qwen/Qwen3-<size>'s config.json that differ between sizes (the rest: ``QWEN3_COMMON``)."""
-LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchCooperativeKernel",
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+            "cudaLaunchCooperativeKernel",
             "cudaGraphLaunch")
 """The CPU-side calls that start work on the GPU (a CUDA graph's launch counts once)."""
 
