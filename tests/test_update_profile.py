@@ -11,7 +11,7 @@ import pytest
 import torch
 from bench_update import operator_times
 from helpers import mixed_sequences
-from update_profile import QWEN3, covered, kernel_summary, write_random_model
+from update_profile import QWEN3, computes, covered, cpu_kernel_calls, kernel_summary, write_random_model
 
 from evolrl.models import load_policy
 from evolrl.training import Batching, GRPOLoss
@@ -55,6 +55,33 @@ def test_operator_calls_of_a_real_update_and_fewer_with_packing(tiny_model):
         assert re.search(r"^\| mm \| \d+ \|", table, re.MULTILINE) and "_backward |" in table, table
         counts[packed] = int(re.search(r"; (\d+) operator calls", table).group(1))
     assert counts[True] < counts[False], counts
+def test_kernel_calls_skip_views_and_allocations():
+    assert all(computes(name) for name in ("aten::mm", "aten::add_", "aten::copy_", "aten::_to_copy",
+                                            "graph_0_cpp_fused_add_mul_0"))
+    assert not any(computes(name) for name in ("aten::view", "aten::t", "aten::transpose", "aten::detach", "aten::to",
+                                               "aten::empty", "aten::_unsafe_view", "aten::result_type"))
+
+
+@pytest.mark.slow
+def test_kernel_calls_of_a_function_and_of_its_compiled_form(monkeypatch):
+    """The CPU's launch proxy counts what compiled code runs: the matmul stays a library call, the rest fuses."""
+    import torch._inductor.config
+
+    monkeypatch.setattr(torch._inductor.config.cpp, "enable_kernel_profile", True)
+    weight, x = torch.randn(16, 16), torch.randn(8, 16)
+
+    def f(x):
+        return (x @ weight.t()).relu().mul(2).sum(-1)  # t() is a view: no kernel
+
+    total, calls = cpu_kernel_calls(lambda: f(x), top=10)
+    assert total >= 3 and ("aten::mm", 1) in [c[:2] for c in calls] and not any("fused" in c[0] for c in calls), calls
+    compiled = torch.compile(f, dynamic=True)
+    compiled(x)
+    total_compiled, calls = cpu_kernel_calls(lambda: compiled(x), top=10)
+    assert sorted(c[:2] for c in calls) == [("aten::mm", 1), ("compiled (cpp_fused_*)", 1)], calls
+    assert total_compiled == 2 < total
+
+
 def test_named_shapes_are_qwen3s_published_sizes(tmp_path, monkeypatch):
     """Parameter counts of the named shapes against the published sizes (0.6B ... 8B), built on the meta device; and
     one written with random weights loads as the policy (the smallest, shrunk to 2 layers to keep it quick)."""

@@ -100,7 +100,7 @@ capped at 12,288; mini-batches of 8; packed passes of at most 32,768 tokens), th
 QUICK = {"models": ["tiny"], "repeats": 1, "dists": ["heavy"], "sequences": 8, "mini_batch": 4, "micro_batch": 2, "budget": 256,
          "prompt": 12, "median": 24, "cap": 96, "check_longest": 64, "peak_size": 256, "peak_repeats": 3}
 CASE = ("prompt", "seed", "mini_batch", "micro_batch", "budget", "precision", "gradient_checkpointing", "kl_coef",
-        "entropy_coef", "temperature", "chunk", "threads", "device")  # the settings a measurement takes from the command line
+        "entropy_coef", "temperature", "chunk", "threads", "device", "compiled")  # the settings a measurement takes from the command line
 
 
 def responses(dist: str, n: int, median: float, sigma: float, cap: int, seed: int) -> list[int]:
@@ -154,11 +154,12 @@ def update_flops(w: dict[str, int], lengths: list[int], prompt: int, mini_batch:
 def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: str, mini_batch: int,
              micro_batch: int, budget: int, precision: str, gradient_checkpointing: bool, kl_coef: float,
              entropy_coef: float, temperature: float, chunk: int, threads: int, allocator: str, device: str = "cpu",
-             warmup: list[int] | None = None, ceiling: bool = False, profile: int = 0) -> dict:
+             warmup: list[int] | None = None, ceiling: bool = False, profile: int = 0, compiled: bool = False) -> dict:
     """One update per draw of sequence lengths, measured, in this (fresh) process. On ``cuda`` the policy and the
     reference are built as a run under ``ModelParallelStrategy`` builds them (FSDP2 over a mesh of this one device,
     bf16 all-gathers), peak memory is CUDA's allocated peak, and ``profile`` asks for the kernels
-    (``update_profile.cuda_profile``) instead of the aten operators."""
+    (``update_profile.cuda_profile``) instead of the kernel calls and aten operators. ``compiled``:
+    ``Batching.compile_blocks``."""
     import torch
 
     from evolrl.training.build import Dtypes, build_models
@@ -168,6 +169,10 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
 
     torch.set_num_threads(threads)
     cuda = device == "cuda"
+    if compiled and profile and not cuda:  # compiled kernels visible to the CPU profiler (before they are built)
+        import torch._inductor.config
+
+        torch._inductor.config.cpp.enable_kernel_profile = True
     if allocator == "trainer" and not cuda:
         from evolrl.training.allocator import keep_freed_memory
 
@@ -176,9 +181,10 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
     mesh = one_device_mesh() if cuda else None
     policy, reference = build_models(model, Dtypes.resolve(precision, "float32"), with_reference=kl_coef > 0,
                                      mesh=mesh, device=torch.device(device),
-                                     gradient_checkpointing=gradient_checkpointing, packed=packed)
+                                     gradient_checkpointing=gradient_checkpointing, packed=packed, compiled=compiled)
     batching = Batching(mini_batch_size=mini_batch, micro_batch_size=micro_batch, logprob_chunk_size=chunk,
-                        max_tokens_per_micro_batch=budget if packed else None, packed=packed)
+                        max_tokens_per_micro_batch=budget if packed else None, packed=packed,
+                        compile_blocks=compiled)
     update = GRPOUpdate(GRPOLoss(kl_coef=kl_coef, entropy_coef=entropy_coef), batching, max_grad_norm=1.0)
     optimizer, scheduler = build_optimizer(list(policy.parameters()), Optimization())
     start_schedule(scheduler, 1000)
@@ -229,7 +235,9 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
             wall = statistics.median(d["seconds"] for d in measured)
             out["profile"] = "\n".join(summary_lines(cuda_profile(again, wall_s=wall, top=profile), top=profile))
         else:
-            out["profile"] = operator_times(again, profile)
+            out["profile"] = kernel_call_lines(again, profile)
+            if not compiled:  # compiled code does not run under operator_times' dispatch mode
+                out["profile"] += "\n\n" + operator_times(again, profile)
     return out
 
 
@@ -276,6 +284,17 @@ def operator_times(run, top: int) -> str:
     for name, (calls, seconds) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]:
         lines.append(row([name, calls, f"{seconds:.3f}", f"{seconds / wall:.1%}"]))
     return "\n".join(lines)
+
+
+def kernel_call_lines(run, top: int) -> str:
+    """One update's kernel calls (``update_profile.cpu_kernel_calls``, the launch-count proxy) as printed."""
+    from update_profile import cpu_kernel_calls
+
+    total, calls = cpu_kernel_calls(run, top)
+    figures = (f"{total} kernel calls (innermost operators that compute, compiled kernels included; on a GPU one "
+               "launch each)")
+    lines = [figures, "", row(["kernel call", "calls", "s (profiled)"]), row(["---"] * 3)]
+    return "\n".join(lines + [row([name, n, f"{t:.3f}"]) for name, n, t in calls])
 
 
 def block_matmul_rate(policy, tokens: int, dtype) -> float:
@@ -407,6 +426,9 @@ def main() -> None:
     p.add_argument("--demo", action="store_true", help="configs/demo.yaml's update, defaults: " + json.dumps(DEMO))
     p.add_argument("--paper", action="store_true", help="a paper-like update on a GPU, defaults: " + json.dumps(PAPER))
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda where there is one")
+    p.add_argument("--compile", dest="compiled", action="store_true",
+                   help="Batching.compile_blocks: each decoder block's forward through torch.compile")
+    p.add_argument("--paths", nargs="+", default=["padded", "packed"], choices=["padded", "packed"])
     p.add_argument("--case", help=argparse.SUPPRESS)  # internal: one measurement, its JSON on stdout
     a = p.parse_args()
     if a.case:
@@ -432,7 +454,7 @@ def main() -> None:
           f"packed: budget {a.budget} tokens; prompt {a.prompt} tokens; {a.precision}, gradient checkpointing "
           f"{'on' if a.gradient_checkpointing else 'off'}, kl_coef {a.kl_coef} "
           f"({'with' if a.kl_coef > 0 else 'no'} reference pass), entropy_coef {a.entropy_coef}, temperature "
-          f"{a.temperature}; {a.threads} threads, allocator {a.allocator}; per case two fresh processes (time: median "
+          f"{a.temperature}; {'compiled blocks, ' if a.compiled else ''}{a.threads} threads, allocator {a.allocator}; per case two fresh processes (time: median "
           f"of {a.repeats} updates on their own draws, after a warm-up update on another; peak memory of live "
           "tensors: the first draw, after a warm-up update on two short sequences)")
     if a.device == "cpu":
@@ -463,13 +485,13 @@ def main() -> None:
             print(f"\n## {name} ({model})\n\n{row(HEAD)}\n{row(['---'] * len(HEAD))}", flush=True)
             results = {}
             for d, draws in steps.items():
-                for path in ("padded", "packed"):
+                for path in a.paths:
                     results[d, path] = measure(a, model, draws=[[a.prompt + x for x in r] for r in draws], path=path,
                                                warmup=warmups[d])
                     print(result_row(d, path, m=results[d, path], peaks=peaks), flush=True)
             w = results[d, path]["weights"]
             print(f"FLOPs counted with N_b {w['blocks']:,}, N_h {w['head']:,}, L {w['layers']}, a {w['width']}")
-            for d in steps:
+            for d in steps if len(a.paths) == 2 else ():
                 pad, pack = results[d, "padded"], results[d, "packed"]
                 print(f"{d}, packed / padded: time {ratio(pack['seconds'], pad['seconds'])}, peak (update) "
                       f"{ratio(pack['update_mib'], pad['update_mib'])}, "

@@ -7,7 +7,15 @@ intervals, overlaps counted once) over the update's wall time measured *without*
 the CPU side that launches kernels, hardly the kernels themselves), capped at 1. **Launches** count the CUDA runtime
 and driver calls that start a kernel (``cudaLaunchKernel``, ``cuLaunchKernel`` and their variants) on the CPU side.
 
-On a CPU, ``bench_update.operator_times`` counts the update's aten operator calls instead: the launch-count proxy.
+On a CPU (``cpu_kernel_calls``), the launch-count proxy: torch.profiler's events over one update, counting the
+**kernel calls**, each innermost event that computes: an aten operator that is neither a view (its result aliases an
+input it does not write), nor an allocation, nor a query without a tensor result, and that calls no such operator
+itself, or a kernel that ``torch.compile`` generated (``cpp_fused_*``, seen with
+``torch._inductor.config.cpp.enable_kernel_profile``). The same count serves compiled and uncompiled updates alike,
+which ``bench_update.operator_times``' dispatch mode cannot: compiled code does not run under it. A conservative
+count: an operator that computes and also calls a computing operator (``mul`` by a Python number wraps it in a
+tensor first) counts once, so uncompiled code is undercounted more than compiled code, and the ratio understates
+what compiling saves.
 
 Shapes (``QWEN3``): the published Qwen3 configs' decoder shapes, random weights (``write_random_model``), no
 download.
@@ -106,6 +114,50 @@ def cuda_profile(run: Callable[[], None], wall_s: float, top: int) -> dict:
     kernels = [(e.name, e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA]
     launches = sum(1 for e in events if e.device_type == DeviceType.CPU and e.name in LAUNCHES)
     return kernel_summary(kernels, launches=launches, wall_s=wall_s, top=top)
+
+
+NO_KERNEL = ("aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty", "aten::new_empty_strided",
+             "aten::resize_", "aten::set_", "aten::_unsafe_view")
+"""Operators that launch nothing but whose schemas do not say so: allocations, and a view its schema calls a copy."""
+
+
+def computes(name: str) -> bool:
+    """Whether a profiler event named ``name`` is work a GPU would launch a kernel for (see the module's docstring)."""
+    if "cpp_fused" in name:
+        return True
+    if not name.startswith("aten::") or name in NO_KERNEL:
+        return False
+    schemas = torch._C._jit_get_schemas_for_operator(name)
+    if not schemas:
+        return True
+    tensors = [r for r in schemas[0].returns if "Tensor" in str(r.type)]
+    return any(r.alias_info is None or r.alias_info.is_write for r in tensors)
+
+
+def cpu_kernel_calls(run: Callable[[], None], top: int) -> tuple[int, list[tuple[str, int, float]]]:
+    """``run()`` (one update) under torch.profiler: its kernel calls (the module's docstring) and the ``top`` most
+    frequent as ``(name, calls, seconds)`` (the profiler's times, its own overhead included)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    events = list(prof.events())
+    known: dict[str, bool] = {}
+    computing = [e for e in events if known.setdefault(e.name, computes(e.name))]
+    outer = set()  # events with a computing event inside them
+    for e in computing:
+        parent = e.cpu_parent
+        while parent is not None and id(parent) not in outer:
+            outer.add(id(parent))
+            parent = parent.cpu_parent
+    calls: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    for e in computing:
+        if id(e) not in outer:
+            entry = calls["compiled (cpp_fused_*)" if "cpp_fused" in e.name else e.name]
+            entry[0] += 1
+            entry[1] += e.cpu_time_total / 1e6
+    total = sum(n for n, _ in calls.values())
+    return total, sorted(((name, n, t) for name, (n, t) in calls.items()), key=lambda x: -x[1])[:top]
 
 
 def summary_lines(profiled: dict, top: int) -> list[str]:

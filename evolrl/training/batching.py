@@ -34,6 +34,11 @@ class Batching:
     output unchanged (e.g. soft-capped): set it to false there."""
     logprob_chunk_size: int = 1024
     """Tokens per chunk of the log-prob/entropy computation."""
+    compile_blocks: bool = False
+    """Each decoder block's forward through ``torch.compile`` (``compiled.py``): its norms, rotary embedding, SwiGLU
+    and casts fused into a few kernels, forward and backward (on a GPU, a fraction of the kernel launches). The
+    first passes pay the compilation (tens of seconds a variant on a CPU); the numbers agree with the uncompiled
+    pass up to float rounding."""
     reduce_every_pass: bool = False
     """Under FSDP, reduce-scatter the gradients after every pass instead of once per mini-batch (its last pass): one
     collective per pass, but the full float32 gradients are never held unsharded between passes (4B: 15 GiB a rank;
@@ -51,5 +56,7 @@ class Batching:
         require(isinstance(self.packed, bool), "Batching.packed", self.packed, allowed="true or false")
         require(isinstance(self.fused_head, bool), "Batching.fused_head", self.fused_head, allowed="true or false")
         check_int("Batching.logprob_chunk_size", self.logprob_chunk_size, 1)
+        require(isinstance(self.compile_blocks, bool), "Batching.compile_blocks", self.compile_blocks,
+                allowed="true or false")
         require(isinstance(self.reduce_every_pass, bool), "Batching.reduce_every_pass", self.reduce_every_pass,
                 allowed="true or false")

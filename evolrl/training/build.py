@@ -16,6 +16,8 @@ Non-obvious decisions:
   backward compute with (gradients are reduced in float32 into the float32 shards).
 * Packed runs (``packed=True``) switch sdpa models to ``sequencewise_attention.SEQUENCEWISE_SDPA`` (the packed
   row's attention one sequence at a time; every other pass unchanged), before the reference is copied.
+* ``Batching.compile_blocks`` compiles the blocks' forwards last, on the finished models (after the copy and after
+  sharding: FSDP2's hooks stay outside the compiled graphs, ``compiled.py``).
 * ``bf16-true`` is Lightning's "everything in bf16": its precision plugin casts the policy itself to bf16 after
   ``configure_model`` (master weights included); the paper configs use ``bf16-mixed``.
 """
@@ -31,6 +33,7 @@ from torch import nn
 
 from evolrl.distributed import broadcast_object, fill_from_rank0, shard
 from evolrl.models import empty_policy, load_policy, model_config
+from evolrl.training.compiled import compile_blocks
 from evolrl.training.sequencewise_attention import use_sequencewise_attention
 
 
@@ -65,14 +68,15 @@ class Dtypes:
 
 
 def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, device: torch.device | None = None,
-                 gradient_checkpointing: bool = False, trust_remote_code: bool = False, packed: bool = False
-                 ) -> tuple[nn.Module, nn.Module | None]:
-    """``(policy, reference or None)``: loaded whole without ``mesh``; else sharded over it and filled from rank 0."""
+                 gradient_checkpointing: bool = False, trust_remote_code: bool = False, packed: bool = False,
+                 compiled: bool = False) -> tuple[nn.Module, nn.Module | None]:
+    """``(policy, reference or None)``: loaded whole without ``mesh``; else sharded over it and filled from rank 0;
+    with ``compiled``, their blocks' forwards compiled (``compiled.compile_blocks``)."""
     if mesh is None:
         policy = _trainable(_attention(load_policy(name, dtypes.policy, trust_remote_code), packed),
                             gradient_checkpointing)
         reference = _frozen(parameters_in(copy.deepcopy(policy), dtypes.reference)) if with_reference else None
-        return policy, reference
+        return _compiled(policy, compiled), _compiled(reference, compiled)
     device = device or torch.device("cpu")
     full = load_policy(name, dtypes.policy, trust_remote_code) if dist.get_rank() == 0 else None
     state = full.state_dict() if full is not None else None
@@ -88,7 +92,7 @@ def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, dev
 
     policy = sharded(dtypes.policy, trainable=True)
     reference = sharded(dtypes.reference, trainable=False) if with_reference else None
-    return policy, reference
+    return _compiled(policy, compiled), _compiled(reference, compiled)
 
 
 def parameters_in(model: nn.Module, dtype: str) -> nn.Module:
@@ -110,6 +114,10 @@ def _attention(model: nn.Module, packed: bool) -> nn.Module:
     if packed:
         use_sequencewise_attention(model)
     return model
+
+
+def _compiled(model: nn.Module | None, compiled: bool) -> nn.Module | None:
+    return compile_blocks(model) if compiled and model is not None else model
 
 
 def _trainable(model: nn.Module, gradient_checkpointing: bool) -> nn.Module:

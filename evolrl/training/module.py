@@ -141,7 +141,8 @@ class EvolRLModule(L.LightningModule):
         self.policy, reference = build_models(
             self.model_name, dtypes, with_reference=self.update.loss.kl_coef > 0, mesh=mesh,
             device=self.trainer.strategy.root_device, gradient_checkpointing=self.gradient_checkpointing,
-            trust_remote_code=self.trust_remote_code, packed=self.update.batching.packed)
+            trust_remote_code=self.trust_remote_code, packed=self.update.batching.packed,
+            compiled=self.update.batching.compile_blocks)
         self.reference = Frozen(reference) if reference is not None else None
 
     def configure_optimizers(self):

@@ -53,7 +53,7 @@ def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int,
     keep = {"logits_to_keep": at} if takes_logits_to_keep(model) else {}
     inputs = {"input_ids": ids, "position_ids": positions[None], "use_cache": False, **keep}
     if is_sequencewise(model):
-        inputs["packed_lengths"] = tuple(n for n in lengths.tolist() if n)
+        inputs["packed_lengths"] = lengths[lengths > 0].cpu()
     stats = model_logprobs(model, inputs, select=(lambda out: out) if keep else (lambda out: out[:, at]),
                            targets=ids[:, at + 1], temperature=temperature, chunk_size=chunk_size,
                            fused_head=fused_head, vocab_mean=vocab_mean)  # each [1, K]

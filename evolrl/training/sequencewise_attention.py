@@ -26,18 +26,27 @@ SEQUENCEWISE_SDPA = "evolrl_sequencewise_sdpa"
 
 
 def sequencewise_sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-                      *args, packed_lengths: tuple[int, ...] | None = None, **kwargs) -> tuple[Tensor, None]:
-    """transformers' sdpa; with ``packed_lengths`` (one row, ``[1, heads, sum(lengths), dim]``), one causal sdpa
-    call per sequence, without the mask, concatenated: ``[1, sum(lengths), heads, dim]``."""
+                      *args, packed_lengths: Tensor | None = None, **kwargs) -> tuple[Tensor, None]:
+    """transformers' sdpa; with ``packed_lengths`` (one row, ``[1, heads, sum(lengths), dim]``; the lengths a CPU
+    int tensor), one causal sdpa call per sequence, without the mask, concatenated: ``[1, sum(lengths), heads, dim]``."""
     if packed_lengths is None or kwargs.get("sliding_window") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
-    if query.shape[0] != 1 or query.shape[2] != sum(packed_lengths) or key.shape[2] != query.shape[2]:
-        raise ValueError(f"packed_lengths {list(packed_lengths)} need one row of {sum(packed_lengths)} queries and "
-                         f"keys (a pass without a KV cache); got queries {tuple(query.shape)}, keys {tuple(key.shape)}")
+    return _each_sequence(module, query, key, value, packed_lengths, *args, **kwargs), None
+
+
+@torch.compiler.disable
+def _each_sequence(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, packed_lengths: Tensor, *args,
+                   **kwargs) -> Tensor:
+    """One causal sdpa call per sequence. Outside a compiled block's graph (``Batching.compile_blocks``): traced, the
+    loop would be specialised on the number of sequences and traced again for every pass."""
+    lengths = packed_lengths.tolist()
+    if query.shape[0] != 1 or query.shape[2] != sum(lengths) or key.shape[2] != query.shape[2]:
+        raise ValueError(f"packed_lengths {lengths} need one row of {sum(lengths)} queries and keys (a pass without a "
+                         f"KV cache); got queries {tuple(query.shape)}, keys {tuple(key.shape)}")
     kwargs["is_causal"] = True
     parts = [sdpa_attention_forward(module, q, k, v, None, *args, **kwargs)[0]
-             for q, k, v in zip(*(x.split(packed_lengths, dim=2) for x in (query, key, value)))]
-    return torch.cat(parts, dim=1), None
+             for q, k, v in zip(*(x.split(lengths, dim=2) for x in (query, key, value)))]
+    return torch.cat(parts, dim=1)
 
 
 AttentionInterface.register(SEQUENCEWISE_SDPA, sequencewise_sdpa)

@@ -1,0 +1,90 @@
+"""Batching.compile_blocks: each decoder block's forward through torch.compile (evolrl/training/compiled.py).
+
+The compiled blocks must give the uncompiled log-probs, entropies and gradients (float32: inductor's fused kernels
+sum in another order, so equal to ~1e-6 of each tensor's scale, not bit for bit), serve packed passes of any number
+of sequences without a new trace each time, and leave the state dict's keys as they were.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from helpers import fit, mixed_sequences
+from torch._dynamo.utils import counters
+from transformers import AutoModelForCausalLM
+
+from evolrl.rollout import Sampling
+from evolrl.training.compiled import compile_blocks
+from evolrl.training.forward import sequence_logprobs
+from evolrl.training.packing import packed_logprobs
+from evolrl.training.sequences import Sequences
+from evolrl.training.sequencewise_attention import SEQUENCEWISE_SDPA
+
+pytestmark = pytest.mark.slow  # compiling a block takes ~10-30 s on 2 cores
+
+
+def logprobs_and_grads(model, logprobs, seqs: Sequences, device: str = "cpu"):
+    seqs = seqs.to(device)
+    weights = torch.randn(seqs.response_mask.shape, generator=torch.Generator().manual_seed(1)).to(device)
+    model.zero_grad()
+    logp, entropy = logprobs(model, seqs, temperature=0.7, chunk_size=16)
+    ((logp * weights + entropy) * seqs.response_mask).sum().backward()
+    return logp.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def assert_same(compiled, eager, mask, rtol: float, scale: float) -> None:
+    (logp, entropy, grads), (eager_logp, eager_entropy, eager_grads) = compiled, eager
+    torch.testing.assert_close(logp[mask], eager_logp[mask], rtol=rtol, atol=rtol)
+    torch.testing.assert_close(entropy[mask], eager_entropy[mask], rtol=rtol, atol=rtol)
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=rtol, atol=scale * float(grad.abs().max()), msg=name)
+
+
+def test_compiled_blocks_give_the_uncompiled_logprobs_and_gradients(tiny_model):
+    """Packed (sequence-wise attention, left out of the graph) and padded passes, under gradient checkpointing (the
+    recomputation calls the compiled block again); then a packed row of another length and count of sequences."""
+    torch._dynamo.reset()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation=SEQUENCEWISE_SDPA)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    keys = list(model.state_dict())
+    seqs = mixed_sequences(model.config.vocab_size)
+    fewer = Sequences(seqs.input_ids[:3], seqs.attention_mask[:3], response_mask=seqs.response_mask[:3],
+                      advantages=seqs.advantages[:3])
+    cases = [(packed_logprobs, seqs), (sequence_logprobs, seqs), (packed_logprobs, fewer)]
+    eager = [logprobs_and_grads(model, f, s) for f, s in cases]
+    compile_blocks(model)
+    counters.clear()
+    compiled = [logprobs_and_grads(model, f, s) for f, s in cases]
+    assert counters["stats"]["unique_graphs"] > 0, dict(counters["stats"])  # the blocks did run compiled
+    for (_, s), c, e in zip(cases, compiled, eager):  # float32, summation order: 1e-5 relative, 1e-6 of the largest
+        assert_same(c, e, s.response_mask, rtol=1e-5, scale=1e-6)
+    assert list(model.state_dict()) == keys  # checkpoints and weight syncs see the same names
+
+
+def test_a_compiled_packed_run_gives_the_uncompiled_losses(tiny_model):
+    """Through Lightning and the module's build (policy and reference compiled): one step, the same losses."""
+    runs = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        settings = {"max_tokens_per_micro_batch": 250, "packed": True, "compile_blocks": compiled}
+        module, _, recorder = fit(tiny_model, module_kwargs=settings, sampling=Sampling(max_new_tokens=12))
+        runs.append(recorder.losses)
+        blocks = module.policy.model.layers
+        assert all(("forward" in vars(block)) == compiled for block in blocks)  # the instance's compiled forward
+    assert runs[1] == pytest.approx(runs[0], rel=1e-4)  # float32 rounding through one optimizer step's losses
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_compiled_blocks_on_a_gpu_in_bf16(tiny_model):
+    """On CUDA inductor generates Triton kernels: the same numbers as the uncompiled bf16 autocast pass within bf16
+    rounding (2^-8 relative, a few roundings deep)."""
+    torch._dynamo.reset()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation=SEQUENCEWISE_SDPA).cuda()
+    seqs = mixed_sequences(model.config.vocab_size)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        eager = logprobs_and_grads(model, packed_logprobs, seqs, "cuda")
+        compile_blocks(model)
+        compiled = logprobs_and_grads(model, packed_logprobs, seqs, "cuda")
+    assert_same(compiled, eager, seqs.response_mask.cuda(), rtol=2e-2, scale=2e-2)
