@@ -198,6 +198,7 @@ def test_a_filler_pass_adds_exactly_nothing(tiny_model, policy, packed):
     ({"max_tokens_per_micro_batch": True}, "Batching.max_tokens_per_micro_batch=True is not allowed"),
     ({"packed": "yes"}, "Batching.packed='yes' is not allowed: true or false"),
     ({"fused_head": 1}, "Batching.fused_head=1 is not allowed: true or false"),
+    ({"compile_blocks": "yes"}, "Batching.compile_blocks='yes' is not allowed: true or false"),
 ])
 def test_bad_batching_settings_are_refused_with_their_name(tiny_model, settings, message):
     with pytest.raises(SettingError, match=message.replace(".", r"\.").replace("(", r"\(")):
