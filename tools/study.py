@@ -17,7 +17,7 @@ method's overlay (``METHODS``: none for EVOL-RL, ``configs/demo_ttrl.yaml`` for 
 beside the run with its seed (``seed_everything`` and ``data.seed``: prompt order, trained subsets, sampling) and its
 log directory ``<out>/<method>/seed<S>``. The methods differ only where their overlays say; everything else
 (model, task, steps, learning rate, evaluation) is ``configs/study.yaml`` on top of the demo. A finished run leaves
-``done.json`` (its wall time and the commit it ran at); ``run`` skips those and starts an unfinished one again
+``done.json`` (its wall time and the commit it started at); ``run`` skips those and starts an unfinished one again
 from the beginning.
 
 ``probe`` evaluates the untrained model on each candidate task of ``CANDIDATES`` with ``python -m evolrl validate``:
@@ -170,12 +170,12 @@ def run(a: argparse.Namespace) -> None:
             overlay = directory.parent / f"seed{seed}.yaml"
             overlay.write_text(yaml.safe_dump(run_overlay(out, method, seed=seed, smoke=a.smoke, steps=a.steps,
                                                           float32=a.float32)))
-            start = time.perf_counter()
+            made_at, start = commit(), time.perf_counter()  # the code the run starts with
             code = fit(run_configs(a.task, method) + [str(overlay)], directory, env)
             seconds = time.perf_counter() - start
             if code:
                 sys.exit(f"{method} seed {seed} failed (exit {code}); its console: {directory / 'console.log'}")
-            (directory / "done.json").write_text(json.dumps({"seconds": seconds, "commit": commit()}))
+            (directory / "done.json").write_text(json.dumps({"seconds": seconds, "commit": made_at}))
             print(f"{method} seed {seed}: {seconds / 60:.1f} min", flush=True)
 
 
