@@ -13,11 +13,14 @@
 from __future__ import annotations
 
 import glob
+import socket
+from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 
 import lightning as L
 import torch
+import torch.distributed as dist
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -304,3 +307,20 @@ def train_view(outputs, batch):
 
 def eval_view(outputs, batch):
     return EvalView("toy", outputs["answers"], outputs["correct"])
+
+
+def free_port() -> int:
+    """A loopback port no one listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def one_process_group(backend: str):
+    """A default process group of one rank, as vLLM or an NCCL strategy leaves on a single device."""
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

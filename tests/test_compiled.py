@@ -10,11 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo
-from helpers import fit, mixed_sequences
+from helpers import fit, mixed_sequences, one_process_group
 from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM
 
 from evolrl.rollout import Sampling
+from evolrl.training import Batching, GRPOLoss, GRPOUpdate
+from evolrl.training.build import Dtypes, build_models
 from evolrl.training.compiled import compile_blocks
 from evolrl.training.forward import sequence_logprobs
 from evolrl.training.packing import packed_logprobs
@@ -73,6 +75,35 @@ def test_a_compiled_packed_run_gives_the_uncompiled_losses(tiny_model):
         blocks = module.policy.model.layers
         assert all(("forward" in vars(block)) == compiled for block in blocks)  # the instance's compiled forward
     assert runs[1] == pytest.approx(runs[0], rel=1e-4)  # float32 rounding through one optimizer step's losses
+
+
+def test_compiled_blocks_under_fsdp2_give_the_uncompiled_update(tiny_model):
+    """The GPU run's build on a CPU: FSDP2 over a one-process gloo mesh, blocks compiled after sharding (FSDP2's
+    gathers stay outside the graphs), gradient checkpointing, packed passes, KL to the reference; one update with
+    SGD (parameters linear in the gradients). float32: equal to float rounding."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    results = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        with one_process_group("gloo"):
+            policy, reference = build_models(tiny_model, Dtypes.resolve("32-true", "float32"), with_reference=True,
+                                             mesh=init_device_mesh("cpu", (1,)), gradient_checkpointing=True,
+                                             packed=True, compiled=compiled)
+            optimizer = torch.optim.SGD(policy.parameters(), lr=1e-2)
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+            update = GRPOUpdate(GRPOLoss(kl_coef=0.05), Batching(mini_batch_size=4, max_tokens_per_micro_batch=64,
+                                                                 packed=True, compile_blocks=compiled),
+                                max_grad_norm=1.0)
+            counters.clear()
+            stats = update(policy, reference, mixed_sequences(policy.config.vocab_size), temperature=0.7,
+                           optimizer=optimizer, scheduler=scheduler)
+            assert (counters["stats"]["unique_graphs"] > 0) == compiled
+            results.append((stats, {n: p.full_tensor().detach().clone() for n, p in policy.named_parameters()}))
+    (stats, params), (compiled_stats, compiled_params) = results
+    assert compiled_stats == pytest.approx(stats, rel=1e-4, abs=1e-7)
+    for name, value in params.items():
+        torch.testing.assert_close(compiled_params[name], value, rtol=1e-5, atol=1e-6, msg=name)
 
 
 @pytest.mark.gpu

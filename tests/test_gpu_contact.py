@@ -14,32 +14,16 @@ the reference's log-probs drift from the policy's with the position at identical
 from __future__ import annotations
 
 import contextlib
-import socket
-from contextlib import contextmanager
 
 import lightning as L
 import pytest
 import torch
-import torch.distributed as dist
-from helpers import ForeignRL, eval_view, short_sequences, tied_qwen3
+from helpers import ForeignRL, eval_view, free_port, one_process_group, short_sequences, tied_qwen3
 
 from evolrl.callbacks import PassAtK
 from evolrl.training.build import Dtypes, build_models
 
 GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-
-
-@contextmanager
-def one_process_group(backend: str):
-    """A default process group of one rank, as vLLM or an NCCL strategy leaves on a single device."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def validate_with_a_process_group(backend: str, accelerator: str) -> tuple[PassAtK, ForeignRL, dict]:
@@ -191,9 +175,7 @@ def test_ranks_that_run_different_vllm_releases_all_stop_before_the_engine_start
     import sys
 
     launcher = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in launcher}
     env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
     ranks = [subprocess.Popen([sys.executable, "-c", AGREE_SCRIPT], env={**env, "RANK": str(r), "LOCAL_RANK": "0"},

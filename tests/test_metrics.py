@@ -241,13 +241,11 @@ def _two_rank_worker(rank: int, port: int, out: str) -> None:
 
 def test_two_ranks_gather_their_problems_and_count_each_once(tmp_path):
     import json
-    import socket
 
     import torch.multiprocessing as mp
+    from helpers import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.spawn(_two_rank_worker, args=(port, str(tmp_path)), nprocs=2)
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r.pop("local_rows") for r in reports] == [3, 3]

@@ -8,9 +8,10 @@ The engine here is a stand-in that raises on rank 1: what is tested is the agree
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
+
+from helpers import free_port
 
 HOLD = 8
 """Seconds a failed rank stays alive after its error, as a trainer tearing down does; a rank that learns of the
@@ -45,12 +46,6 @@ dist.barrier()  # the next collective: without the agreement, rank 0 waits here 
 print("PASSED", flush=True)
 dist.destroy_process_group()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_failure_on_one_rank_stops_both_promptly():
