@@ -9,6 +9,7 @@ ones.
     python tools/bench_update.py --precision 32-true --no-gradient-checkpointing --kl-coef 0
     python tools/bench_update.py --paper --profile 15    # on a GPU: Qwen3-1.7B's shape, a paper-like update, kernels
     python tools/bench_update.py --paper --models qwen3-4b --mini-batch 16 --sequences 16   # 4B, one mini-batch
+    python tools/bench_update.py --models smollm2 --dists heavy --paths packed --profile 12 --compile   # compiled blocks
 
 On a GPU (``--device cuda``, the default where there is one) a case builds the policy and reference as a one-GPU run
 under ``ModelParallelStrategy`` does (FSDP2 over a mesh of the one device, bf16 all-gathers), times with the device
@@ -16,7 +17,9 @@ synchronized, takes CUDA's allocated peak as the memory, prints MFU against the 
 (``update_profile.card_peak``) and the measured peak beside ``tools/gpu_budget.py``'s estimate; ``--profile N`` then
 prints the GPU-busy fraction, kernel launches and top N kernels of one more update (``tools/update_profile.py``).
 Models may be named Qwen3 shapes (``qwen3-0.6b``, ``qwen3-1.7b``, ``qwen3-4b``, ``qwen3-8b``: random weights, no
-download). On a CPU ``--profile`` also counts the update's aten operator calls, the proxy for the launch count.
+download). On a CPU ``--profile`` counts the update's kernel calls (``update_profile.cpu_kernel_calls``: the proxy
+for the launch count, compiled code included) and, uncompiled, times its aten operators. ``--compile``: the blocks
+compiled (``Batching.compile_blocks``); ``--paths``: padded, packed or both.
 
 A scale model of the paper's update (configs/paper: 256 sequences per step, mini-batches of 32, packed passes of at
 most 32,768 tokens): 8 sequences, mini-batches of 4 (two optimizer steps: the second one's old log-probs take a
