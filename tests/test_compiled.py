@@ -15,9 +15,10 @@ from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM
 
 from evolrl.rollout import Sampling
+from evolrl.settings import SettingError
 from evolrl.training import Batching, GRPOLoss, GRPOUpdate
 from evolrl.training.build import Dtypes, build_models
-from evolrl.training.compiled import compile_blocks
+from evolrl.training.compiled import check_compiler, compile_blocks
 from evolrl.training.forward import sequence_logprobs
 from evolrl.training.packing import packed_logprobs
 from evolrl.training.sequences import Sequences
@@ -104,6 +105,25 @@ def test_compiled_blocks_under_fsdp2_give_the_uncompiled_update(tiny_model):
     assert compiled_stats == pytest.approx(stats, rel=1e-4, abs=1e-7)
     for name, value in params.items():
         torch.testing.assert_close(compiled_params[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_machine_that_cannot_compile_is_refused_at_start(monkeypatch, device):
+    """No C++ compiler on a CPU, no Triton on a GPU: refused with the key before any step, not inside one."""
+    import torch._inductor.config
+    import torch._inductor.cpp_builder
+    import torch.utils._triton
+
+    monkeypatch.setattr(torch._inductor.cpp_builder, "cpp_compiler_search",
+                        torch._inductor.cpp_builder.cpp_compiler_search.__wrapped__)  # not its cached answer
+    monkeypatch.setattr(torch.utils._triton, "has_triton", lambda: False)
+    missing = "CPU without a C\\+\\+ compiler" if device == "cpu" else "GPU without Triton"
+    refused = r"Batching\.compile_blocks=True is not allowed: false on a " + missing
+    with torch._inductor.config.patch({"cpp.cxx": ("evolrl-test-no-such-compiler",)}), pytest.raises(
+            SettingError, match=refused):
+        check_compiler(torch.device(device))
+    if device == "cpu":
+        check_compiler(torch.device("cpu"))  # this machine has one
 
 
 @pytest.mark.gpu

@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from evolrl.settings import require
+
 TRACES = 64
 """The most traces of one function (``torch._dynamo.config.recompile_limit``) once blocks are compiled."""
 
@@ -37,3 +39,24 @@ def compile_blocks(model: nn.Module) -> nn.Module:
     for block in blocks:
         block.forward = torch.compile(block.forward, dynamic=True)
     return model
+
+
+def check_compiler(device: torch.device, key: str = "Batching.compile_blocks") -> None:
+    """Raise :class:`~evolrl.settings.SettingError` at start unless ``torch.compile`` can build kernels for ``device``:
+    a C++ compiler on a CPU (``torch._inductor.config.cpp.cxx``), Triton on a GPU. Otherwise the first pass would
+    fail deep inside a training step."""
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton
+
+        require(has_triton(), key, True, allowed="false on a GPU without Triton (torch.compile builds its kernels with "
+                "it; install the triton package that matches torch)")
+        return
+    from torch._inductor import config
+    from torch._inductor.cpp_builder import get_cpp_compiler
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    try:
+        get_cpp_compiler()
+    except InvalidCxxCompiler:
+        require(False, key, True, allowed=f"false on a CPU without a C++ compiler (torch.compile builds its kernels with "
+                f"one; none of {config.cpp.cxx} runs: install g++ or set $CXX)")

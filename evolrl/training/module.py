@@ -42,6 +42,7 @@ from evolrl.settings import check_choice, require
 from evolrl.training.allocator import keep_freed_memory
 from evolrl.training.batching import Batching
 from evolrl.training.build import DTYPES, Dtypes, Frozen, build_models
+from evolrl.training.compiled import check_compiler
 from evolrl.training.evaluation import grade_request
 from evolrl.training.flat_rewards import FlatRewardCheck
 from evolrl.training.forward import check_fused_head
@@ -179,6 +180,8 @@ class EvolRLModule(L.LightningModule):
             check_packing(self.policy)
         if self.update.batching.fused_head:
             check_fused_head(self.policy)
+        if self.update.batching.compile_blocks:
+            check_compiler(self.device)
 
     # ---- one training step --------------------------------------------------------------
     def fresh(self, batch: RolloutBatch | RolloutSource) -> RolloutBatch:
