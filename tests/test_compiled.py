@@ -75,7 +75,9 @@ def test_a_compiled_packed_run_gives_the_uncompiled_losses(tiny_model):
         runs.append(recorder.losses)
         blocks = module.policy.model.layers
         assert all(("forward" in vars(block)) == compiled for block in blocks)  # the instance's compiled forward
-    assert runs[1] == pytest.approx(runs[0], rel=1e-4)  # float32 rounding through one optimizer step's losses
+    # float32 rounding through one optimizer step's losses; both runs sample from the same seed, and the compiled
+    # blocks' rounding (~1e-6 of a probability) would change a sampled token only at a boundary that close
+    assert runs[1] == pytest.approx(runs[0], rel=1e-4)
 
 
 def test_compiled_blocks_under_fsdp2_give_the_uncompiled_update(tiny_model):

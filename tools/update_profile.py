@@ -23,6 +23,7 @@ download.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -121,6 +122,7 @@ NO_KERNEL = ("aten::empty", "aten::empty_strided", "aten::empty_like", "aten::ne
 """Operators that launch nothing but whose schemas do not say so: allocations, and a view its schema calls a copy."""
 
 
+@functools.cache
 def computes(name: str) -> bool:
     """Whether a profiler event named ``name`` is work a GPU would launch a kernel for (see the module's docstring)."""
     if "cpp_fused" in name:
@@ -142,8 +144,7 @@ def cpu_kernel_calls(run: Callable[[], None], top: int) -> tuple[int, list[tuple
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         run()
     events = list(prof.events())
-    known: dict[str, bool] = {}
-    computing = [e for e in events if known.setdefault(e.name, computes(e.name))]
+    computing = [e for e in events if computes(e.name)]
     outer = set()  # events with a computing event inside them
     for e in computing:
         parent = e.cpu_parent
