@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import glob
+import socket
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
@@ -21,7 +22,6 @@ import lightning as L
 import torch
 import torch.distributed as dist
 import yaml
-from _common import free_port
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch.utils.data import DataLoader
@@ -307,6 +307,13 @@ def train_view(outputs, batch):
 
 def eval_view(outputs, batch):
     return EvalView("toy", outputs["answers"], outputs["correct"])
+
+
+def free_port() -> int:
+    """A loopback port no one listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @contextmanager
