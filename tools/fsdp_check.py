@@ -310,3 +310,7 @@ if __name__ == "__main__":
     main(a.model_dir, a.out_dir, devices=a.devices, prompts_per_step=a.prompts_per_step, scripted=a.scripted,
          engine_kind=a.engine, checkpoints=a.checkpoints, resume=a.resume, precision=a.precision,
          max_tokens=a.max_tokens, packed=a.packed, uneven=a.uneven, sgd=a.sgd, mismatch=a.mismatch)
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # a gloo group left open at exit can abort a rank (SIGABRT) while the other leaves
+        dist.destroy_process_group()
