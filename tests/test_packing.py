@@ -140,6 +140,38 @@ def test_sequencewise_attention_keeps_sliding_windows(tiny_model):
         assert (other[mask] - padded[mask]).abs().max() > 1e-3
 
 
+
+def test_sequencewise_attention_under_autocast_casts_each_row_once_with_the_same_numbers():
+    """Under bf16 autocast the row is cast before it is split; each sdpa call would have made the same cast of its
+    own slice, so outputs and gradients are equal bit for bit (one machine, the same kernels either way)."""
+    from torch.profiler import ProfilerActivity, profile
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from evolrl.training.sequencewise_attention import sequencewise_sdpa
+
+    module = SimpleNamespace(is_causal=True, num_key_value_groups=1, training=False)
+    lengths = [3, 5, 2]
+    torch.manual_seed(0)
+    rows = [torch.randn(1, 2, sum(lengths), 8, requires_grad=True) for _ in range(3)]  # float32 q, k, v
+
+    def per_sequence(q, k, v):  # the cast inside every sdpa call, as autocast makes it
+        parts = [sdpa_attention_forward(module, *x, None, is_causal=True)[0]
+                 for x in zip(*(t.split(lengths, dim=2) for t in (q, k, v)))]
+        return torch.cat(parts, dim=1)
+
+    results = []
+    for attend in (per_sequence, lambda q, k, v: sequencewise_sdpa(module, q, k, v, None,
+                                                                   packed_lengths=torch.tensor(lengths))[0]):
+        with profile(activities=[ProfilerActivity.CPU]) as prof, torch.autocast("cpu", dtype=torch.bfloat16):
+            out = attend(*rows)
+        grads = torch.autograd.grad(out.float().square().sum(), rows)
+        casts = sum(1 for e in prof.events() if e.name == "aten::_to_copy")
+        results.append((out, grads, casts))
+    (reference, reference_grads, per_call_casts), (out, grads, casts) = results
+    assert out.dtype == torch.bfloat16 and torch.equal(out, reference)
+    assert all(torch.equal(g, r) for g, r in zip(grads, reference_grads))
+    assert casts == 3 < per_call_casts  # q, k, v once each, instead of once per sequence
+
 def test_token_budget_plan_bins_each_mini_batch_under_the_budget():
     assert micro_batch_plan(7, 5, 3) == [[[0, 1, 2], [3, 4]], [[5, 6]]]  # by count: consecutive rows
     for packed in (False, True):
