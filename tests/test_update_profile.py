@@ -62,6 +62,17 @@ def test_kernel_calls_skip_views_and_allocations():
                                                "aten::empty", "aten::_unsafe_view", "aten::result_type"))
 
 
+
+
+def test_a_multi_tensor_operator_is_one_kernel_call():
+    """Gradient clipping's norms and scaling: a CPU runs ``_foreach_norm`` as one norm per tensor, a GPU as
+    multi-tensor kernels; the count takes each multi-tensor operator once, whatever it calls inside."""
+    grads = [torch.randn(4, 4) for _ in range(5)]
+    total, calls = cpu_kernel_calls(lambda: torch._foreach_mul_(grads, torch._foreach_norm(grads)[0]), top=10)
+    assert total == 2 and {c[0] for c in calls} == {"aten::_foreach_norm", "aten::_foreach_mul_"}, calls
+    total, calls = cpu_kernel_calls(lambda: [torch.linalg.vector_norm(g) for g in grads], top=10)
+    assert total == 5 and calls[0][:2] == ("aten::linalg_vector_norm", 5), calls  # the loop: one per tensor
+
 @pytest.mark.slow
 def test_kernel_calls_of_a_function_and_of_its_compiled_form(monkeypatch):
     """The CPU's launch proxy counts what compiled code runs: the matmul stays a library call, the rest fuses."""

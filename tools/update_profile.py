@@ -11,7 +11,10 @@ On a CPU (``cpu_kernel_calls``), the launch-count proxy: torch.profiler's events
 **kernel calls**, each innermost event that computes: an aten operator that is neither a view (its result aliases an
 input it does not write), nor an allocation, nor a query without a tensor result, and that calls no such operator
 itself, or a kernel that ``torch.compile`` generated (``cpp_fused_*``, seen with
-``torch._inductor.config.cpp.enable_kernel_profile``). The same count serves compiled and uncompiled updates alike,
+``torch._inductor.config.cpp.enable_kernel_profile``), or a multi-tensor operator (``aten::_foreach_*``, gradient
+clipping's norms and scaling) counted once with nothing inside it: on a CPU torch runs it as one call per tensor, on
+a GPU as multi-tensor kernels over many tensors at a time (a few launches for a whole model, so still an undercount
+there). The same count serves compiled and uncompiled updates alike,
 which ``bench_update.operator_times``' dispatch mode cannot: compiled code does not run under it. A conservative
 count: an operator that computes and also calls a computing operator (``mul`` by a Python number wraps it in a
 tensor first) counts once, so uncompiled code is undercounted more than compiled code, and the ratio understates
@@ -121,6 +124,9 @@ NO_KERNEL = ("aten::empty", "aten::empty_strided", "aten::empty_like", "aten::ne
              "aten::resize_", "aten::set_", "aten::_unsafe_view")
 """Operators that launch nothing but whose schemas do not say so: allocations, and a view its schema calls a copy."""
 
+FOREACH = "aten::_foreach_"
+"""Multi-tensor operators: one kernel call each in the CPU count (``cpu_kernel_calls``)."""
+
 
 @functools.cache
 def computes(name: str) -> bool:
@@ -144,7 +150,14 @@ def cpu_kernel_calls(run: Callable[[], None], top: int) -> tuple[int, list[tuple
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         run()
     events = list(prof.events())
-    computing = [e for e in events if computes(e.name)]
+
+    def in_foreach(event) -> bool:
+        parent = event.cpu_parent
+        while parent is not None and not parent.name.startswith(FOREACH):
+            parent = parent.cpu_parent
+        return parent is not None
+
+    computing = [e for e in events if (computes(e.name) or e.name.startswith(FOREACH)) and not in_foreach(e)]
     outer = set()  # events with a computing event inside them
     for e in computing:
         parent = e.cpu_parent
