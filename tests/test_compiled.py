@@ -109,6 +109,37 @@ def test_compiled_blocks_under_fsdp2_give_the_uncompiled_update(tiny_model):
         torch.testing.assert_close(compiled_params[name], value, rtol=1e-5, atol=1e-6, msg=name)
 
 
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_projections_of_one_input_run_as_one_matmul(tiny_model, family):
+    """q, k, v and gate, up: one matmul per group forward and two backward, so 9 fewer per block than eager (7
+    projections: 7 forward + 14 backward; fused: 4 + 8). Qwen2's q, k, v carry biases (addmm, biases concatenated
+    too). float32: the same numbers up to summation order."""
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch._dynamo.reset()
+    if family == "llama":
+        model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation="sdpa")
+    else:
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(Qwen2Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2))
+        assert model.model.layers[0].self_attn.q_proj.bias is not None
+    seqs = mixed_sequences(model.config.vocab_size)
+
+    def matmuls():
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            result = logprobs_and_grads(model, sequence_logprobs, seqs)
+        return result, sum(1 for e in prof.events() if e.name in ("aten::mm", "aten::addmm"))
+
+    eager, eager_calls = matmuls()
+    compile_blocks(model)
+    logprobs_and_grads(model, sequence_logprobs, seqs)  # compiles
+    compiled, calls = matmuls()
+    assert calls == eager_calls - 9 * model.config.num_hidden_layers, (calls, eager_calls)
+    assert_same(compiled, eager, seqs.response_mask, rtol=1e-5, scale=1e-6)
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_a_machine_that_cannot_compile_is_refused_at_start(monkeypatch, device):
     """No C++ compiler on a CPU, no Triton on a GPU: refused with the key before any step, not inside one."""

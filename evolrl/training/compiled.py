@@ -15,12 +15,20 @@ and backward; the matmuls stay library calls. Non-obvious decisions:
   :func:`compile_blocks` raises that limit to :data:`TRACES`; beyond it dynamo falls back to the uncompiled block.
 * The packed row's attention (``sequencewise_attention``, one sdpa call per sequence) is left out of the graph (a
   graph break): traced, it would be specialised on the tuple of sequence lengths and traced again for every pass.
+* Projections of the same input become one matmul (:func:`fuse_shared_input_linears`, a graph pass run before
+  autograd's graph is made): q, k and v, gate and up. Their weights are concatenated inside the graph on every call
+  (the parameters, their names and their sharding stay as they are), so the forward, the recomputation and both
+  matmuls of the backward run once per group instead of once per projection.
 """
 
 from __future__ import annotations
 
+import operator
+from collections import defaultdict
+
 import torch
-from torch import nn
+from torch import fx, nn
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from evolrl.settings import require
 
@@ -37,8 +45,60 @@ def compile_blocks(model: nn.Module) -> nn.Module:
                          "decoder LM")
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, TRACES)
     for block in blocks:
-        block.forward = torch.compile(block.forward, dynamic=True)
+        block.forward = torch.compile(block.forward, dynamic=True,
+                                      options={"pre_grad_custom_pass": FuseSharedInputLinears()})
     return model
+
+
+LINEAR = (torch._C._nn.linear, torch.nn.functional.linear)
+
+
+class FuseSharedInputLinears(CustomGraphPass):
+    """:func:`fuse_shared_input_linears` as inductor's pre-grad pass; its ``uuid`` (this file's hash) lets inductor
+    cache the graphs it built."""
+
+    def __call__(self, graph: fx.Graph) -> None:
+        fuse_shared_input_linears(graph)
+
+    def uuid(self) -> bytes:
+        return get_hash_for_files((__file__,))
+
+
+def fuse_shared_input_linears(graph: fx.Graph) -> None:
+    """Rewrite each group of ``linear(x, w_i[, b_i])`` calls on one input ``x`` (weights and biases graph inputs)
+    as one ``linear(x, cat(w_i)[, cat(b_i)])`` split back into the group's outputs: the same dot products, one
+    matmul. Under autocast the concatenated weight is cast once, as each weight was."""
+    groups: dict[tuple, list[fx.Node]] = defaultdict(list)
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target not in LINEAR or node.kwargs:
+            continue
+        x, weight, bias = (*node.args, None)[:3]
+        written = any(str(getattr(user.target, "__name__", user.target)).endswith("_") for user in node.users)
+        if _is_input(weight, dims=2) and (bias is None or _is_input(bias, dims=1)) and not written:
+            groups[(x, bias is None)].append(node)
+    for (x, no_bias), nodes in groups.items():
+        if len(nodes) < 2:
+            continue
+        weights = [node.args[1] for node in nodes]
+        sizes = [int(w.meta["example_value"].shape[0]) for w in weights]
+        with graph.inserting_before(nodes[0]):
+            weight = graph.call_function(torch.cat, (weights,), {"dim": 0})
+            bias = None if no_bias else graph.call_function(torch.cat, ([node.args[2] for node in nodes],), {"dim": 0})
+            parts = graph.call_function(torch.split, (graph.call_function(torch._C._nn.linear, (x, weight, bias)),
+                                                      sizes), {"dim": -1})
+            for i, node in enumerate(nodes):
+                part = graph.call_function(operator.getitem, (parts, i))
+                part.meta.update(node.meta)
+                node.replace_all_uses_with(part)
+        for node in nodes:
+            graph.erase_node(node)
+
+
+def _is_input(node, dims: int) -> bool:
+    """A graph input (a parameter) of ``dims`` dimensions and a fixed shape: it can be concatenated up front."""
+    value = node.meta.get("example_value") if isinstance(node, fx.Node) else None
+    return (node.op in ("placeholder", "get_attr") and isinstance(value, torch.Tensor) and value.dim() == dims
+            and all(isinstance(d, int) for d in value.shape))
 
 
 def check_compiler(device: torch.device, key: str = "Batching.compile_blocks") -> None:
