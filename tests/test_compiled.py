@@ -111,6 +111,25 @@ def test_compiled_blocks_under_fsdp2_give_the_uncompiled_update(tiny_model):
 
 
 
+def test_one_trace_serves_every_layer():
+    """A model of 3 blocks compiles as many graphs as one of 1 block: the blocks share their traces (with a trace
+    per block a large model would run past dynamo's limit and fall back to uncompiled blocks)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    graphs = []
+    for layers in (1, 3):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = compile_blocks(LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                                            num_hidden_layers=layers, num_attention_heads=4,
+                                                            num_key_value_heads=2)))
+        counters.clear()
+        with torch.no_grad():
+            for length in (7, 9):  # a second length: the symbolic trace
+                model(torch.arange(length)[None] % 64, use_cache=False)  # as the update calls it
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] == graphs[1] > 0, graphs
+
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_projections_of_one_input_run_as_one_matmul(tiny_model, family):
     """q, k, v and gate, up: one matmul per group forward and two backward, so 9 fewer per block than eager (7

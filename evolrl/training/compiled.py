@@ -46,7 +46,7 @@ def compile_blocks(model: nn.Module) -> nn.Module:
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, TRACES)
     for block in blocks:
         block.forward = torch.compile(block.forward, dynamic=True,
-                                      options={"pre_grad_custom_pass": FuseSharedInputLinears()})
+                                      options={"pre_grad_custom_pass": FUSE})
     return model
 
 
@@ -62,6 +62,12 @@ class FuseSharedInputLinears(CustomGraphPass):
 
     def uuid(self) -> bytes:
         return get_hash_for_files((__file__,))
+
+
+FUSE = FuseSharedInputLinears()
+"""The one instance every block's compile gets: dynamo reuses a block's graphs for the next block only if their
+compile options are equal, and two instances of a pass are not, so per-block instances would trace every layer anew
+(and run past :data:`TRACES` into uncompiled blocks)."""
 
 
 def fuse_shared_input_linears(graph: fx.Graph) -> None:
