@@ -28,9 +28,16 @@ SEQUENCEWISE_SDPA = "evolrl_sequencewise_sdpa"
 def sequencewise_sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
                       *args, packed_lengths: Tensor | None = None, **kwargs) -> tuple[Tensor, None]:
     """transformers' sdpa; with ``packed_lengths`` (one row, ``[1, heads, sum(lengths), dim]``; the lengths a CPU
-    int tensor), one causal sdpa call per sequence, without the mask, concatenated: ``[1, sum(lengths), heads, dim]``."""
+    int tensor), one causal sdpa call per sequence, without the mask, concatenated: ``[1, sum(lengths), heads, dim]``.
+    Under autocast the row is cast before it is split: the cast autocast makes inside each sdpa call (sdpa runs in the
+    autocast dtype), once per tensor instead of once per sequence, and inside a compiled block's graph, where it fuses
+    with the rotary embedding before it."""
     if packed_lengths is None or kwargs.get("sliding_window") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
+    device = query.device.type
+    if torch.is_autocast_enabled(device):  # autocast's cast, once per row instead of once per sequence and tensor
+        dtype = torch.get_autocast_dtype(device)
+        query, key, value = (x.to(dtype) if x.dtype != torch.float64 else x for x in (query, key, value))
     return _each_sequence(module, query, key, value, packed_lengths, *args, **kwargs), None
 
 
@@ -38,18 +45,12 @@ def sequencewise_sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tens
 def _each_sequence(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, packed_lengths: Tensor, *args,
                    **kwargs) -> Tensor:
     """One causal sdpa call per sequence. Outside a compiled block's graph (``Batching.compile_blocks``): traced, the
-    loop would be specialised on the number of sequences and traced again for every pass. Under autocast the row is
-    cast before it is split, the cast autocast would make inside each sdpa call (sdpa runs in the autocast dtype), so
-    a row costs one cast per tensor, forward and backward, not one per sequence."""
+    loop would be specialised on the number of sequences and traced again for every pass."""
     lengths = packed_lengths.tolist()
     if query.shape[0] != 1 or query.shape[2] != sum(lengths) or key.shape[2] != query.shape[2]:
         raise ValueError(f"packed_lengths {lengths} need one row of {sum(lengths)} queries and keys (a pass without a "
                          f"KV cache); got queries {tuple(query.shape)}, keys {tuple(key.shape)}")
     kwargs["is_causal"] = True
-    device = query.device.type
-    if torch.is_autocast_enabled(device):  # autocast's cast, once per row instead of once per sequence and tensor
-        dtype = torch.get_autocast_dtype(device)
-        query, key, value = (x.to(dtype) if x.dtype != torch.float64 else x for x in (query, key, value))
     parts = [sdpa_attention_forward(module, q, k, v, None, *args, **kwargs)[0]
              for q, k, v in zip(*(x.split(lengths, dim=2) for x in (query, key, value)))]
     return torch.cat(parts, dim=1)
