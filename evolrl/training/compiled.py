@@ -71,9 +71,9 @@ compile options are equal, and two instances of a pass are not, so per-block ins
 
 
 def fuse_shared_input_linears(graph: fx.Graph) -> None:
-    """Rewrite each group of ``linear(x, w_i[, b_i])`` calls on one input ``x`` (weights and biases graph inputs)
-    as one ``linear(x, cat(w_i)[, cat(b_i)])`` split back into the group's outputs: the same dot products, one
-    matmul. Under autocast the concatenated weight is cast once, as each weight was."""
+    """Rewrite each group of ``linear(x, w_i[, b_i])`` calls on one input ``x`` (weights and biases graph inputs of
+    one dtype) as one ``linear(x, cat(w_i)[, cat(b_i)])`` split back into the group's outputs: the same dot
+    products, one matmul. Under autocast the concatenated weight is cast once, as each weight was."""
     groups: dict[tuple, list[fx.Node]] = defaultdict(list)
     for node in graph.nodes:
         if node.op != "call_function" or node.target not in LINEAR or node.kwargs:
@@ -81,8 +81,8 @@ def fuse_shared_input_linears(graph: fx.Graph) -> None:
         x, weight, bias = (*node.args, None)[:3]
         written = any(str(getattr(user.target, "__name__", user.target)).endswith("_") for user in node.users)
         if _is_input(weight, dims=2) and (bias is None or _is_input(bias, dims=1)) and not written:
-            groups[(x, bias is None)].append(node)
-    for (x, no_bias), nodes in groups.items():
+            groups[(x, bias is None, weight.meta["example_value"].dtype)].append(node)
+    for (x, no_bias, _), nodes in groups.items():
         if len(nodes) < 2:
             continue
         weights = [node.args[1] for node in nodes]
