@@ -102,9 +102,10 @@ def fuse_shared_input_linears(graph: fx.Graph) -> None:
 
 def _is_input(node, dims: int) -> bool:
     """A graph input (a parameter) of ``dims`` dimensions and a fixed shape: it can be concatenated up front."""
-    value = node.meta.get("example_value") if isinstance(node, fx.Node) else None
-    return (node.op in ("placeholder", "get_attr") and isinstance(value, torch.Tensor) and value.dim() == dims
-            and all(isinstance(d, int) for d in value.shape))
+    if not isinstance(node, fx.Node) or node.op not in ("placeholder", "get_attr"):
+        return False
+    value = node.meta.get("example_value")
+    return isinstance(value, torch.Tensor) and value.dim() == dims and all(isinstance(d, int) for d in value.shape)
 
 
 def check_compiler(device: torch.device, key: str = "Batching.compile_blocks") -> None:
