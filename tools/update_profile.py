@@ -131,7 +131,7 @@ FOREACH = "aten::_foreach_"
 @functools.cache
 def computes(name: str) -> bool:
     """Whether a profiler event named ``name`` is work a GPU would launch a kernel for (see the module's docstring)."""
-    if "cpp_fused" in name:
+    if "cpp_fused" in name or name.startswith(FOREACH):
         return True
     if not name.startswith("aten::") or name in NO_KERNEL:
         return False
@@ -157,7 +157,7 @@ def cpu_kernel_calls(run: Callable[[], None], top: int) -> tuple[int, list[tuple
             parent = parent.cpu_parent
         return parent is not None
 
-    computing = [e for e in events if (computes(e.name) or e.name.startswith(FOREACH)) and not in_foreach(e)]
+    computing = [e for e in events if computes(e.name) and not in_foreach(e)]
     outer = set()  # events with a computing event inside them
     for e in computing:
         parent = e.cpu_parent
