@@ -109,8 +109,6 @@ def test_compiled_blocks_under_fsdp2_give_the_uncompiled_update(tiny_model):
         torch.testing.assert_close(compiled_params[name], value, rtol=1e-5, atol=1e-6, msg=name)
 
 
-
-
 def test_one_trace_serves_every_layer():
     """A model of 3 blocks compiles as many graphs as one of 1 block: the blocks share their traces (with a trace
     per block a large model would run past dynamo's limit and fall back to uncompiled blocks)."""
@@ -129,6 +127,7 @@ def test_one_trace_serves_every_layer():
                 model(torch.arange(length)[None] % 64, use_cache=False)  # as the update calls it
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[0] == graphs[1] > 0, graphs
+
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_projections_of_one_input_run_as_one_matmul(tiny_model, family):
@@ -159,6 +158,8 @@ def test_projections_of_one_input_run_as_one_matmul(tiny_model, family):
     compiled, calls = matmuls()
     assert calls == eager_calls - 9 * model.config.num_hidden_layers, (calls, eager_calls)
     assert_same(compiled, eager, seqs.response_mask, rtol=1e-5, scale=1e-6)
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_a_machine_that_cannot_compile_is_refused_at_start(monkeypatch, device):
     """No C++ compiler on a CPU, no Triton on a GPU: refused with the key before any step, not inside one."""

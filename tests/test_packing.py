@@ -140,7 +140,6 @@ def test_sequencewise_attention_keeps_sliding_windows(tiny_model):
         assert (other[mask] - padded[mask]).abs().max() > 1e-3
 
 
-
 def test_sequencewise_attention_under_autocast_casts_each_row_once_with_the_same_numbers():
     """Under bf16 autocast the row is cast before it is split; each sdpa call would have made the same cast of its
     own slice, so outputs and gradients are equal bit for bit (one machine, the same kernels either way)."""
@@ -171,6 +170,7 @@ def test_sequencewise_attention_under_autocast_casts_each_row_once_with_the_same
     assert out.dtype == torch.bfloat16 and torch.equal(out, reference)
     assert all(torch.equal(g, r) for g, r in zip(grads, reference_grads))
     assert casts == 3 < per_call_casts  # q, k, v once each, instead of once per sequence
+
 
 def test_token_budget_plan_bins_each_mini_batch_under_the_budget():
     assert micro_batch_plan(7, 5, 3) == [[[0, 1, 2], [3, 4]], [[5, 6]]]  # by count: consecutive rows
