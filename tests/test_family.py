@@ -134,14 +134,17 @@ def test_an_update_given_the_policy_pass_is_the_update_without_it(tiny_model):
         update.forward = counting
         stats = update(policy, reference, seqs, temperature=0.7, optimizer=optimizer, scheduler=scheduler,
                        policy_pass=scored)
-        # Without the pass the second mini-batch's old log-probs take two no-grad passes (micro-batches of one);
-        # with it, none: the update reads them from the pass.
-        assert sum(calls) == (0 if with_pass else 2)
+        # Without the pass the second mini-batch's old log-probs take one no-grad pass (micro-batches of one, no-grad
+        # passes of two: Batching.no_grad_pass_multiple); with it, none: the update reads them from the pass.
+        assert sum(calls) == (0 if with_pass else 1)
         results.append((stats, {k: v.detach().clone() for k, v in policy.state_dict().items()}))
     (plain, before), (given, after) = results
-    assert plain.keys() == given.keys() and all(plain[k] == pytest.approx(given[k], rel=1e-6) for k in plain)
+    # Not bit-equal: the pass computes the first mini-batch's old log-probs in a no-grad pass of two rows, the plain
+    # update takes them from its own one-row pass, and float32 matmuls of other shapes round otherwise: measured, the
+    # stats differ by 9e-8 relative and the parameters by 7.5e-9, where the smallest parameter's step is 5.7e-5.
+    assert plain.keys() == given.keys() and all(plain[k] == pytest.approx(given[k], rel=1e-5) for k in plain)
     for name, value in before.items():
-        torch.testing.assert_close(after[name], value, rtol=0, atol=0, msg=name)
+        torch.testing.assert_close(after[name], value, rtol=1e-5, atol=1e-7, msg=name)
 
 
 # ---- through the CLI -----------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from evolrl.algorithms import SeqMeanTokenMean, TokenMean
 from evolrl.models import load_policy
 from evolrl.rollout import Sampling
 from evolrl.settings import SettingError
-from evolrl.training import Batching, EvolRLModule
+from evolrl.training import Batching, EvolRLModule, GRPOLoss, GRPOUpdate
 from evolrl.training.forward import sequence_logprobs
 from evolrl.training.packing import check_packing, packed_logprobs
 from evolrl.training.plan import lockstep, micro_batch_plan, pass_tokens, token_budget_plan
@@ -192,7 +192,11 @@ def test_token_budget_and_packing_give_the_fixed_count_update(tiny_model, policy
     runs = {name: run_update(tiny_model, seqs, loss={"aggregation": aggregation}, **settings) for name, settings in {
         "count": {"micro_batch_size": 2}, "count packed": {"micro_batch_size": 2, "packed": True},
         "budget": {"micro_batch_size": 1, "max_tokens_per_micro_batch": 45},
-        "budget packed": {"micro_batch_size": 1, "max_tokens_per_micro_batch": 45, "packed": True}}.items()}
+        "budget packed": {"micro_batch_size": 1, "max_tokens_per_micro_batch": 45, "packed": True},
+        "budget packed, no-grad passes as large": {"micro_batch_size": 1, "max_tokens_per_micro_batch": 45,
+                                                   "packed": True, "no_grad_pass_multiple": 1},
+        "budget packed, no-grad passes 4x": {"micro_batch_size": 1, "max_tokens_per_micro_batch": 45, "packed": True,
+                                             "no_grad_pass_multiple": 4}}.items()}
     plans = {name: plan for name, (plan, _, _) in runs.items()}
     assert plans["count"] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
     # 45 tokens, lengths 14 6 21 9 | 17 7 11 25. Padded (rows x longest): 21+14 is 2 x 21 = 42, a third row 63.
@@ -207,6 +211,37 @@ def test_token_budget_and_packing_give_the_fixed_count_update(tiny_model, policy
             torch.testing.assert_close(params[param], value, rtol=1e-6, atol=1e-8, msg=f"{name}: {param}")
     initial = load_policy(tiny_model).state_dict()
     assert min(float((value - initial[param]).abs().max()) for param, value in expected.items()) > 1e-6
+
+
+def test_passes_without_gradients_span_the_step_at_a_multiple_of_a_training_pass(tiny_model, policy):
+    """The reference's and the old log-probs' passes: binned over the whole step (they run before any optimizer step),
+    at ``no_grad_pass_multiple`` times the training pass's tokens or rows; fewer passes, the same rows each once."""
+    seqs = mixed_sequences(policy.config.vocab_size)  # lengths 14 6 21 9 | 17 7 11 25
+
+    def passes(rows=range(8), **settings):
+        update = GRPOUpdate(GRPOLoss(), Batching(mini_batch_size=4, micro_batch_size=1, **settings), 1.0)
+        return update.no_grad_plan(seqs, list(rows))
+
+    budget = {"max_tokens_per_micro_batch": 45, "packed": True}
+    # 90 tokens: 25 + 21 + 17 + 14 + 11 = 88, then 9 + 7 + 6, across the two mini-batches
+    assert passes(**budget) == [[0, 2, 4, 6, 7], [1, 3, 5]]
+    assert passes(**budget, no_grad_pass_multiple=1) == [[4, 7], [0, 2, 3], [1, 5, 6]]  # 42, 44, 24 tokens
+    assert passes(rows=range(4, 8), **budget) == [[4, 5, 6, 7]]  # the second mini-batch's old log-probs: 60 tokens
+    assert passes(max_tokens_per_micro_batch=45, packed=False) == [[2, 4, 7], [0, 1, 3, 5, 6]]  # 3 x 25, 5 x 14
+    assert passes(no_grad_pass_multiple=3) == [[0, 1, 2], [3, 4, 5], [6, 7]]  # by count: 3 x micro_batch_size
+    assert passes(rows=[], **budget) == []
+
+    calls = []
+    update = GRPOUpdate(GRPOLoss(kl_coef=0.05), Batching(mini_batch_size=4, micro_batch_size=1, **budget), 1.0)
+    forward = update.forward
+    update.forward = lambda model, part, *args, **kwargs: calls.append(torch.is_grad_enabled()) or forward(
+        model, part, *args, **kwargs)
+    trained, reference = load_policy(tiny_model), load_policy(tiny_model).eval().requires_grad_(False)
+    optimizer = torch.optim.SGD(trained.parameters(), lr=1e-2)
+    update(trained, reference, seqs, temperature=0.7, optimizer=optimizer,
+           scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0))
+    # 4 training passes (21+14+9 | 6, 25+17 | 11+7); without gradients 2 reference passes + 1 of old log-probs
+    assert calls.count(True) == 4 and calls.count(False) == 3
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -231,6 +266,7 @@ def test_a_filler_pass_adds_exactly_nothing(tiny_model, policy, packed):
     ({"packed": "yes"}, "Batching.packed='yes' is not allowed: true or false"),
     ({"fused_head": 1}, "Batching.fused_head=1 is not allowed: true or false"),
     ({"compile_blocks": "yes"}, "Batching.compile_blocks='yes' is not allowed: true or false"),
+    ({"no_grad_pass_multiple": 0}, "Batching.no_grad_pass_multiple=0 is not allowed: an integer >= 1"),
 ])
 def test_bad_batching_settings_are_refused_with_their_name(tiny_model, settings, message):
     with pytest.raises(SettingError, match=message.replace(".", r"\.").replace("(", r"\(")):

@@ -34,6 +34,11 @@ class Batching:
     output unchanged (e.g. soft-capped): set it to false there."""
     logprob_chunk_size: int = 1024
     """Tokens per chunk of the log-prob/entropy computation."""
+    no_grad_pass_multiple: int = 2
+    """A pass without gradients (the reference's log-probs, the old log-probs of later mini-batches) takes up to this
+    many times a training pass's sequences (``micro_batch_size``) or tokens (``max_tokens_per_micro_batch``), its
+    sequences drawn from the whole step rather than one mini-batch: it keeps no activations for a backward, so at
+    twice the size it holds less than a training pass; fewer, larger passes, the same numbers."""
     compile_blocks: bool = False
     """Each decoder block's forward through ``torch.compile`` (``compiled.py``): its norms, rotary embedding, SwiGLU
     and casts fused into a few kernels, forward and backward (on a GPU, a fraction of the kernel launches). The
@@ -56,6 +61,7 @@ class Batching:
         require(isinstance(self.packed, bool), "Batching.packed", self.packed, allowed="true or false")
         require(isinstance(self.fused_head, bool), "Batching.fused_head", self.fused_head, allowed="true or false")
         check_int("Batching.logprob_chunk_size", self.logprob_chunk_size, 1)
+        check_int("Batching.no_grad_pass_multiple", self.no_grad_pass_multiple, 1)
         require(isinstance(self.compile_blocks, bool), "Batching.compile_blocks", self.compile_blocks,
                 allowed="true or false")
         require(isinstance(self.reduce_every_pass, bool), "Batching.reduce_every_pass", self.reduce_every_pass,

@@ -5,7 +5,8 @@ order, one PPO epoch) and micro-batches (gradient accumulation). The loss normal
 per mini-batch before the micro-batch loop, so how a mini-batch is split into micro-batches (a count, or a
 token budget: ``plan.py``) does not change the math; across ranks it is the global count. Loss terms are summed
 on the device and read once. A micro-batch is right-padded rows (``forward.py``) or one packed row
-(``packing.py``); the old-log-prob and reference passes use the same plan.
+(``packing.py``). The passes without gradients (old log-probs, reference) are planned apart: over the whole step, at
+``Batching.no_grad_pass_multiple`` times a training pass's size (they keep no activations for a backward).
 
 When the engine reports its log-probs, every step also measures how far they are from the old log-probs
 (``mismatch/*``, summed over micro-batches and ranks) and, with ``GRPOLoss.mismatch_correction``, weighs each
@@ -48,17 +49,15 @@ def sync_gradients(policy: nn.Module, sync: bool) -> None:
 
 @dataclass(frozen=True)
 class PolicyPass:
-    """:meth:`GRPOUpdate.policy_pass`: one no-grad pass of the policy over a step's sequences, before the update."""
+    """:meth:`GRPOUpdate.policy_pass`: the policy over a step's sequences without gradients, before the update; per
+    token ``[N, T - 1]`` (0 where nothing is scored)."""
 
-    plan: Plan
-    old: list[Tensor]
-    """Log-probs per micro-batch of ``plan``, in order."""
     logp: Tensor
-    """``[N, T - 1]`` log-prob of each token (0 where nothing is scored)."""
+    """The log-prob of each token: the update's old log-probs, if it is given this pass."""
     entropy: Tensor
-    """``[N, T - 1]`` entropy of each token's distribution."""
+    """The entropy of each token's distribution."""
     mean_logp: Tensor
-    """``[N, T - 1]`` mean over the vocabulary of each token distribution's log-probs."""
+    """The mean over the vocabulary of each token distribution's log-probs."""
 
 
 class GRPOUpdate:
@@ -102,40 +101,43 @@ class GRPOUpdate:
         """The rows of one micro-batch; none: a filler pass (another rank has one more micro-batch)."""
         return seqs.select(rows) if rows else Sequences.filler(seqs.input_ids.device, seqs.sampler_logprobs is not None)
 
-    @torch.no_grad()
-    def old_and_reference_logprobs(self, policy: nn.Module, reference: nn.Module | None, seqs: Sequences,
-                                   temperature: float, plan: Plan,
-                                   old: list[Tensor] | None = None) -> tuple[list[Tensor | None], list[Tensor] | None]:
-        """Per micro-batch (in ``plan`` order) log-probs of the policy before the update and of the reference.
-
-        Without ``old`` (a :class:`PolicyPass`'s), the first mini-batch's old log-probs are ``None``: the policy has
-        not changed yet when it is trained on, so its own forward pass gives them (detached) and a separate pass
-        would compute the same numbers.
-        """
-        computed, ref = [None] * len(plan[0]), [] if reference is not None else None
-        for i, micro in enumerate(micro for mini in plan for micro in mini):
-            part = self.micro_batch(seqs, micro)
-            if old is None and i >= len(plan[0]):
-                computed.append(self.forward(policy, part, temperature)[0])
-            if ref is not None:
-                ref.append(self.forward(reference, part, temperature)[0])
-        return old if old is not None else computed, ref
+    def no_grad_plan(self, seqs: Sequences, rows: list[int]) -> list[list[int]]:
+        """The passes without gradients over ``rows``: as the training passes are cut, at ``no_grad_pass_multiple``
+        times their size, across mini-batches (these passes run before any optimizer step); as many on every rank."""
+        b = self.batching
+        if not rows:
+            return []
+        if b.max_tokens_per_micro_batch is None:  # every rank has as many rows
+            size = b.micro_batch_size * b.no_grad_pass_multiple
+            return [rows[i : i + size] for i in range(0, len(rows), size)]
+        lengths = seqs.lengths[rows].tolist()
+        (passes,) = token_budget_plan(lengths, mini_batch_size=len(rows), packed=b.packed,
+                                      budget=b.max_tokens_per_micro_batch * b.no_grad_pass_multiple)
+        (passes,) = lockstep([passes], seqs.input_ids.device)
+        return [[rows[i] for i in micro] for micro in passes]
 
     @torch.no_grad()
-    def policy_pass(self, policy: nn.Module, seqs: Sequences, temperature: float) -> PolicyPass:
-        """One no-grad pass of ``policy`` over ``seqs`` in the update's plan: each micro-batch's log-probs (the old
-        log-probs of every mini-batch, if the update is then given this pass) and, per token ``[N, T - 1]``, the
-        log-prob, the entropy and the vocabulary's mean log-prob (what a reward that reads the policy needs)."""
-        plan = self.plan(seqs)
-        tokens = torch.zeros(3, *seqs.response_mask.shape, device=seqs.input_ids.device)
-        old = []
-        for micro in (micro for mini in plan for micro in mini):
+    def no_grad_stats(self, model: nn.Module, seqs: Sequences, rows: list[int], temperature: float,
+                      vocab_mean: bool = False) -> Tensor:
+        """``model``'s per-token statistics over ``rows`` without gradients (:meth:`no_grad_plan`), stacked:
+        ``[2 or 3, N, T - 1]`` (log-prob, entropy and with ``vocab_mean`` the vocabulary's mean log-prob), 0 in the
+        other rows and where nothing is scored."""
+        stats = None
+        for micro in self.no_grad_plan(seqs, rows):
             part = self.micro_batch(seqs, micro)
-            stats = self.forward(policy, part, temperature, vocab_mean=True)
-            old.append(stats[0])
+            values = torch.stack(self.forward(model, part, temperature, vocab_mean=vocab_mean))
+            if stats is None:  # in the pass's dtype (float64 models give float64 log-probs)
+                stats = values.new_zeros(len(values), *seqs.response_mask.shape)
             if micro:
-                tokens[:, micro, : part.response_mask.shape[1]] = torch.stack(stats)
-        return PolicyPass(plan, old, *tokens.unbind(0))
+                stats[:, micro, : part.response_mask.shape[1]] = values
+        return stats if stats is not None else torch.zeros(3 if vocab_mean else 2, *seqs.response_mask.shape,
+                                                           device=seqs.input_ids.device)
+
+    def policy_pass(self, policy: nn.Module, seqs: Sequences, temperature: float) -> PolicyPass:
+        """The policy over ``seqs`` without gradients: per token ``[N, T - 1]`` the log-prob (the old log-probs of
+        every mini-batch, if the update is then given this pass), the entropy and the vocabulary's mean log-prob (what
+        a reward that reads the policy needs)."""
+        return PolicyPass(*self.no_grad_stats(policy, seqs, list(range(len(seqs))), temperature, vocab_mean=True))
 
     def __call__(self, policy: nn.Module, reference: nn.Module | None, seqs: Sequences, temperature: float,
                  optimizer, scheduler, backward: Callable[[Tensor], None] = Tensor.backward,
@@ -150,23 +152,25 @@ class GRPOUpdate:
         if self.loss.mismatch_correction is not None and seqs.sampler_logprobs is None:
             raise ValueError(f"mismatch_correction={self.loss.mismatch_correction!r} needs the sampler's log-probs, "
                              "and the rollout engine reported none")
-        plan = policy_pass.plan if policy_pass is not None else self.plan(seqs)
-        old_logp, ref_logp = self.old_and_reference_logprobs(
-            policy, reference, seqs=seqs, temperature=temperature, plan=plan,
-            old=policy_pass.old if policy_pass is not None else None)
+        plan = self.plan(seqs)
+        minis = mini_batch_ranges(len(seqs), self.batching.mini_batch_size)
+        # The first mini-batch's old log-probs are its own passes' (detached): the policy has not changed yet.
+        old_logp = policy_pass.logp if policy_pass is not None else self.no_grad_stats(
+            policy, seqs, rows=list(range(minis[0].stop, len(seqs))), temperature=temperature)[0]
+        ref_logp = None if reference is None else self.no_grad_stats(
+            reference, seqs, rows=list(range(len(seqs))), temperature=temperature)[0]
         totals = StepTotals()
-        index = -1  # position in the flattened plan, matching old_logp / ref_logp
-        for minibatch, rows in zip(plan, mini_batch_ranges(len(seqs), self.batching.mini_batch_size)):
+        for i, (minibatch, rows) in enumerate(zip(plan, minis)):
             # Fixed before the micro-batch loop: accumulation does not change the loss.
             local = self.loss.aggregation.normalizer(seqs.response_mask[rows.start : rows.stop])
             normalizer = global_sum(local.float()) / world_size
             for j, micro in enumerate(minibatch):
-                index += 1
                 sync_gradients(policy, j == len(minibatch) - 1 or self.batching.reduce_every_pass)
-                terms, measured = self.train_pass(policy, self.micro_batch(seqs, micro), temperature=temperature,
-                                                  old=old_logp[index],
-                                                  ref=None if ref_logp is None else ref_logp[index],
-                                                  normalizer=normalizer, backward=backward)
+                part = self.micro_batch(seqs, micro)
+                terms, measured = self.train_pass(
+                    policy, part, temperature=temperature, normalizer=normalizer, backward=backward,
+                    old=_rows_of(old_logp, micro, part) if policy_pass is not None or i > 0 else None,
+                    ref=None if ref_logp is None else _rows_of(ref_logp, micro, part))
                 totals.add(terms, measured)
             totals.add({"grad_norm": self.optimizer_step(policy, optimizer, scheduler)})
         sync_gradients(policy, True)
@@ -218,6 +222,12 @@ class GRPOUpdate:
             scheduler.step()
         optimizer.zero_grad()
         return grad_norm.detach().float()
+
+
+def _rows_of(values: Tensor, rows: list[int], part: Sequences) -> Tensor:
+    """``[N, T - 1]`` per-token ``values`` of a step, as a pass over ``part`` (its ``rows``) returns them: those rows,
+    as wide as the part's; zeros for a filler."""
+    return values[rows, : part.response_mask.shape[1]] if rows else values.new_zeros(part.response_mask.shape)
 
 
 class StepTotals:
