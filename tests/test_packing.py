@@ -63,6 +63,27 @@ def assert_packed_equals_padded(model, device: str = "cpu") -> None:
         torch.testing.assert_close(packed_grads[name], grad, rtol=1e-5, atol=1e-6 * float(grad.abs().max()), msg=name)
 
 
+def test_a_row_of_one_sequence_is_attended_whole(tiny_model):
+    """A pass of one sequence (a long one goes alone) needs no split and no concatenation, forward or backward: the
+    same numbers as the padded path; a row of several is split."""
+    from torch.profiler import profile
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation=SEQUENCEWISE_SDPA)
+    splits = []
+    for rows in ([2], [0, 2]):
+        seqs = mixed_sequences(model.config.vocab_size).select(rows)
+        with profile() as prof:
+            logp, _ = packed_logprobs(model, seqs, temperature=0.7, chunk_size=16)
+            logp.sum().backward()
+        splits.append(sum(event.name == "aten::split_with_sizes" for event in prof.events()))
+        padded = sequence_logprobs(model, seqs, temperature=0.7, chunk_size=16)[0].detach()
+        mask = seqs.response_mask  # float32 summation order
+        torch.testing.assert_close(logp.detach()[mask], padded[mask], rtol=1e-5, atol=1e-5)
+    assert splits[0] == 0 and splits[1] > 0
+
+
 class FullCausalMask(nn.Module):
     """The policy given an explicit all-ones attention mask: a plain causal mask over the whole packed row."""
 
