@@ -67,7 +67,6 @@ def test_a_row_of_one_sequence_is_attended_whole(tiny_model):
     """A pass of one sequence (a long one goes alone) needs no split and no concatenation, forward or backward: the
     same numbers as the padded path; a row of several is split."""
     from torch.profiler import profile
-
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation=SEQUENCEWISE_SDPA)

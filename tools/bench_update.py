@@ -10,6 +10,7 @@ ones.
     python tools/bench_update.py --paper --profile 15    # on a GPU: Qwen3-1.7B's shape, a paper-like update, kernels
     python tools/bench_update.py --paper --models qwen3-4b --mini-batch 16 --sequences 16   # 4B, one mini-batch
     python tools/bench_update.py --models smollm2 --dists heavy --paths packed --profile 12 --compile   # compiled blocks
+    python tools/bench_update.py --paper --paths packed --profile 15 --compile --flex   # GPU: + one attention call per row
 
 On a GPU (``--device cuda``, the default where there is one) a case builds the policy and reference as a one-GPU run
 under ``ModelParallelStrategy`` does (FSDP2 over a mesh of the one device, bf16 all-gathers), times with the device
@@ -103,7 +104,7 @@ capped at 12,288; mini-batches of 8; packed passes of at most 32,768 tokens), th
 QUICK = {"models": ["tiny"], "repeats": 1, "dists": ["heavy"], "sequences": 8, "mini_batch": 4, "micro_batch": 2, "budget": 256,
          "prompt": 12, "median": 24, "cap": 96, "check_longest": 64, "peak_size": 256, "peak_repeats": 3}
 CASE = ("prompt", "seed", "mini_batch", "micro_batch", "budget", "precision", "gradient_checkpointing", "kl_coef",
-        "entropy_coef", "temperature", "chunk", "threads", "device", "compiled")  # the settings a measurement takes from the command line
+        "entropy_coef", "temperature", "chunk", "threads", "device", "compiled", "flex")  # the settings a measurement takes from the command line
 
 
 def responses(dist: str, n: int, median: float, sigma: float, cap: int, seed: int) -> list[int]:
@@ -157,12 +158,13 @@ def update_flops(w: dict[str, int], lengths: list[int], prompt: int, mini_batch:
 def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: str, mini_batch: int,
              micro_batch: int, budget: int, precision: str, gradient_checkpointing: bool, kl_coef: float,
              entropy_coef: float, temperature: float, chunk: int, threads: int, allocator: str, device: str = "cpu",
-             warmup: list[int] | None = None, ceiling: bool = False, profile: int = 0, compiled: bool = False) -> dict:
+             warmup: list[int] | None = None, ceiling: bool = False, profile: int = 0, compiled: bool = False,
+             flex: bool = False) -> dict:
     """One update per draw of sequence lengths, measured, in this (fresh) process. On ``cuda`` the policy and the
     reference are built as a run under ``ModelParallelStrategy`` builds them (FSDP2 over a mesh of this one device,
     bf16 all-gathers), peak memory is CUDA's allocated peak, and ``profile`` asks for the kernels
     (``update_profile.cuda_profile``) instead of the kernel calls and aten operators. ``compiled``:
-    ``Batching.compile_blocks``."""
+    ``Batching.compile_blocks``; ``flex``: ``Batching.flex_attention`` (packed passes)."""
     import torch
 
     from evolrl.training.build import Dtypes, build_models
@@ -184,10 +186,11 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
     mesh = one_device_mesh() if cuda else None
     policy, reference = build_models(model, Dtypes.resolve(precision, "float32"), with_reference=kl_coef > 0,
                                      mesh=mesh, device=torch.device(device),
-                                     gradient_checkpointing=gradient_checkpointing, packed=packed, compiled=compiled)
+                                     gradient_checkpointing=gradient_checkpointing, packed=packed, compiled=compiled,
+                                     flex=flex and packed)
     batching = Batching(mini_batch_size=mini_batch, micro_batch_size=micro_batch, logprob_chunk_size=chunk,
                         max_tokens_per_micro_batch=budget if packed else None, packed=packed,
-                        compile_blocks=compiled)
+                        compile_blocks=compiled, flex_attention=flex and packed)
     update = GRPOUpdate(GRPOLoss(kl_coef=kl_coef, entropy_coef=entropy_coef), batching, max_grad_norm=1.0)
     optimizer, scheduler = build_optimizer(list(policy.parameters()), Optimization())
     start_schedule(scheduler, 1000)
@@ -431,6 +434,8 @@ def main() -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda where there is one")
     p.add_argument("--compile", dest="compiled", action="store_true",
                    help="Batching.compile_blocks: each decoder block's forward through torch.compile")
+    p.add_argument("--flex", action="store_true",
+                   help="Batching.flex_attention: packed passes attend with one FlexAttention call per row (CUDA only)")
     p.add_argument("--paths", nargs="+", default=["padded", "packed"], choices=["padded", "packed"])
     p.add_argument("--case", help=argparse.SUPPRESS)  # internal: one measurement, its JSON on stdout
     a = p.parse_args()
@@ -445,6 +450,14 @@ def main() -> None:
 
     torch.set_num_threads(a.threads)
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if a.flex:
+        from evolrl.settings import SettingError
+        from evolrl.training.packed_flex import check_flex
+
+        try:
+            check_flex(torch.device(a.device), key="--flex")
+        except SettingError as error:
+            p.error(str(error))
     if a.device == "cuda":
         from update_profile import card_peak
 
@@ -457,7 +470,7 @@ def main() -> None:
           f"packed: budget {a.budget} tokens; prompt {a.prompt} tokens; {a.precision}, gradient checkpointing "
           f"{'on' if a.gradient_checkpointing else 'off'}, kl_coef {a.kl_coef} "
           f"({'with' if a.kl_coef > 0 else 'no'} reference pass), entropy_coef {a.entropy_coef}, temperature "
-          f"{a.temperature}; {'compiled blocks, ' if a.compiled else ''}{a.threads} threads, allocator {a.allocator}; per case two fresh processes (time: median "
+          f"{a.temperature}; {'compiled blocks, ' if a.compiled else ''}{'flex attention, ' if a.flex else ''}{a.threads} threads, allocator {a.allocator}; per case two fresh processes (time: median "
           f"of {a.repeats} updates on their own draws, after a warm-up update on another; peak memory of live "
           "tensors: the first draw, after a warm-up update on two short sequences)")
     if a.device == "cpu":

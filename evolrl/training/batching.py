@@ -28,6 +28,10 @@ class Batching:
     """Each pass's sequences back to back in one row, without padding (under sdpa, attention one sequence at a time:
     ``sequencewise_attention.py``); ``fit`` refuses it at start for a model whose packed sequences would see each
     other (attention not sdpa, eager, flash or flex, or a probe sees it)."""
+    flex_attention: bool = False
+    """Packed passes attend with one FlexAttention call per layer and row instead of one sdpa call per sequence
+    (``packed_flex.py``): fewer kernel launches on a GPU; ``fit`` refuses it at start on a CPU (torch has no
+    FlexAttention backward there). Needs ``packed``."""
     fused_head: bool = True
     """The LM head applied chunk by chunk inside the log-prob step, so a pass's logits never exist whole; ``fit``
     refuses it at start for a model whose output layer is not a plain Linear or whose logits are not that layer's
@@ -59,6 +63,10 @@ class Batching:
         else:
             check_int("Batching.max_tokens_per_micro_batch", self.max_tokens_per_micro_batch, 1)
         require(isinstance(self.packed, bool), "Batching.packed", self.packed, allowed="true or false")
+        require(isinstance(self.flex_attention, bool), "Batching.flex_attention", self.flex_attention,
+                allowed="true or false")
+        require(not self.flex_attention or self.packed, "Batching.flex_attention", self.flex_attention,
+                allowed="false unless packed is true (it attends over a packed row)")
         require(isinstance(self.fused_head, bool), "Batching.fused_head", self.fused_head, allowed="true or false")
         check_int("Batching.logprob_chunk_size", self.logprob_chunk_size, 1)
         check_int("Batching.no_grad_pass_multiple", self.no_grad_pass_multiple, 1)

@@ -15,7 +15,8 @@ Non-obvious decisions:
   Only copies are bf16: the reference (never updated) and, under FSDP, the all-gathered copies the forward and
   backward compute with (gradients are reduced in float32 into the float32 shards).
 * Packed runs (``packed=True``) switch sdpa models to ``sequencewise_attention.SEQUENCEWISE_SDPA`` (the packed
-  row's attention one sequence at a time; every other pass unchanged), before the reference is copied.
+  row's attention one sequence at a time; every other pass unchanged), or with ``Batching.flex_attention`` to
+  ``packed_flex.PACKED_FLEX`` (one FlexAttention call per row), before the reference is copied.
 * ``Batching.compile_blocks`` compiles the blocks' forwards last, on the finished models (after the copy and after
   sharding: FSDP2's hooks stay outside the compiled graphs, ``compiled.py``).
 * ``bf16-true`` is Lightning's "everything in bf16": its precision plugin casts the policy itself to bf16 after
@@ -34,6 +35,7 @@ from torch import nn
 from evolrl.distributed import broadcast_object, fill_from_rank0, shard
 from evolrl.models import empty_policy, load_policy, model_config
 from evolrl.training.compiled import compile_blocks
+from evolrl.training.packed_flex import use_packed_flex
 from evolrl.training.sequencewise_attention import use_sequencewise_attention
 
 
@@ -69,11 +71,12 @@ class Dtypes:
 
 def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, device: torch.device | None = None,
                  gradient_checkpointing: bool = False, trust_remote_code: bool = False, packed: bool = False,
-                 compiled: bool = False) -> tuple[nn.Module, nn.Module | None]:
+                 compiled: bool = False, flex: bool = False) -> tuple[nn.Module, nn.Module | None]:
     """``(policy, reference or None)``: loaded whole without ``mesh``; else sharded over it and filled from rank 0;
-    with ``compiled``, their blocks' forwards compiled (``compiled.compile_blocks``)."""
+    with ``compiled``, their blocks' forwards compiled (``compiled.compile_blocks``); ``packed`` (and ``flex``): the
+    packed passes' attention (:func:`_attention`)."""
     if mesh is None:
-        policy = _trainable(_attention(load_policy(name, dtypes.policy, trust_remote_code), packed),
+        policy = _trainable(_attention(load_policy(name, dtypes.policy, trust_remote_code), packed, flex),
                             gradient_checkpointing)
         reference = _frozen(parameters_in(copy.deepcopy(policy), dtypes.reference)) if with_reference else None
         return _compiled(policy, compiled), _compiled(reference, compiled)
@@ -85,7 +88,7 @@ def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, dev
     compute = getattr(torch, dtypes.fsdp_param)
 
     def sharded(dtype: str, trainable: bool) -> nn.Module:
-        model = _attention(parameters_in(empty_policy(config, dtypes.policy, trust_remote_code), dtype), packed)
+        model = _attention(parameters_in(empty_policy(config, dtypes.policy, trust_remote_code), dtype), packed, flex)
         model.generation_config = generation_config  # the engines read the stop tokens from it
         model = _trainable(model, gradient_checkpointing) if trainable else _frozen(model)
         return fill_from_rank0(shard(model, mesh, compute), state, device)
@@ -110,9 +113,12 @@ def parameters_in(model: nn.Module, dtype: str) -> nn.Module:
     return model
 
 
-def _attention(model: nn.Module, packed: bool) -> nn.Module:
+def _attention(model: nn.Module, packed: bool, flex: bool) -> nn.Module:
+    """Packed: sdpa one sequence at a time, or with ``flex`` one FlexAttention call per row."""
     if packed:
         use_sequencewise_attention(model)
+    if packed and flex:
+        use_packed_flex(model)
     return model
 
 

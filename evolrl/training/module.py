@@ -48,6 +48,7 @@ from evolrl.training.flat_rewards import FlatRewardCheck
 from evolrl.training.forward import check_fused_head
 from evolrl.training.loss_settings import GRPOLoss
 from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, schedule_started, start_schedule
+from evolrl.training.packed_flex import check_flex
 from evolrl.training.packing import check_packing
 from evolrl.training.scoring import score
 from evolrl.training.update import GRPOUpdate
@@ -143,7 +144,7 @@ class EvolRLModule(L.LightningModule):
             self.model_name, dtypes, with_reference=self.update.loss.kl_coef > 0, mesh=mesh,
             device=self.trainer.strategy.root_device, gradient_checkpointing=self.gradient_checkpointing,
             trust_remote_code=self.trust_remote_code, packed=self.update.batching.packed,
-            compiled=self.update.batching.compile_blocks)
+            compiled=self.update.batching.compile_blocks, flex=self.update.batching.flex_attention)
         self.reference = Frozen(reference) if reference is not None else None
 
     def configure_optimizers(self):
@@ -176,6 +177,8 @@ class EvolRLModule(L.LightningModule):
     def on_fit_start(self) -> None:
         if self.reference is not None:
             self.reference.model.to(self.device)
+        if self.update.batching.flex_attention:
+            check_flex(self.device)
         if self.update.batching.packed:  # here: on its device, with the attention kernels it trains with
             check_packing(self.policy)
         if self.update.batching.fused_head:

@@ -15,7 +15,9 @@ Non-obvious decisions:
   the row), which also catches what a name cannot (layers with recurrent state, custom attention code).
 * Under sdpa that mask's every block is computed (S² per row of S tokens): a model switched to
   ``sequencewise_attention.SEQUENCEWISE_SDPA`` (packed runs are, ``build.build_models``) gets the row's sequence
-  lengths and runs its attention one sequence at a time (the sum of s² per row), the same numbers.
+  lengths and runs its attention one sequence at a time (the sum of s² per row), the same numbers; one switched to
+  ``packed_flex.PACKED_FLEX`` (``Batching.flex_attention``) also gets the row's block mask, built here once per pass,
+  and runs one FlexAttention call per layer.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from torch import Tensor
 
 from evolrl.settings import require
 from evolrl.training.forward import model_logprobs, takes_logits_to_keep
+from evolrl.training.packed_flex import PACKED_FLEX, document_block_mask
 from evolrl.training.sequences import Sequences
 from evolrl.training.sequencewise_attention import SEQUENCEWISE_SDPA, is_sequencewise
 
-PACKED_ATTENTION = ("sdpa", SEQUENCEWISE_SDPA, "eager", "flash_attention_2", "flash_attention_3", "flash_attention_4",
-                    "flex_attention")
+PACKED_ATTENTION = ("sdpa", SEQUENCEWISE_SDPA, PACKED_FLEX, "eager", "flash_attention_2", "flash_attention_3",
+                    "flash_attention_4", "flex_attention")
 """``config._attn_implementation`` values under which transformers separates packed sequences."""
 
 
@@ -52,8 +55,11 @@ def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int,
     at = starts[rows] + cols  # [K] positions in the row whose next token is scored
     keep = {"logits_to_keep": at} if takes_logits_to_keep(model) else {}
     inputs = {"input_ids": ids, "position_ids": positions[None], "use_cache": False, **keep}
-    if is_sequencewise(model):
+    flex = getattr(model.config, "_attn_implementation", None) == PACKED_FLEX
+    if is_sequencewise(model) or flex:
         inputs["packed_lengths"] = lengths[lengths > 0].cpu()
+    if flex:  # built once per pass, read by every layer
+        inputs["packed_block_mask"] = document_block_mask(inputs["packed_lengths"], ids.device)
     stats = model_logprobs(model, inputs, select=(lambda out: out) if keep else (lambda out: out[:, at]),
                            targets=ids[:, at + 1], temperature=temperature, chunk_size=chunk_size,
                            fused_head=fused_head, vocab_mean=vocab_mean)  # each [1, K]
