@@ -113,3 +113,30 @@ def test_named_shapes_are_qwen3s_published_sizes(tmp_path, monkeypatch):
     assert config["num_hidden_layers"] == 2 and config["tie_word_embeddings"] is True
     policy = load_policy(str(directory))
     assert policy.get_output_embeddings().weight is policy.get_input_embeddings().weight
+
+
+def test_kernel_calls_by_where_they_ran():
+    """Every call is placed once; the second backward adds into the existing ``.grad`` of each of the layer's two
+    parameters (the first backward assigns them), a custom function's forward is named by its class."""
+    from update_profile import cpu_kernel_profile
+
+    layer, x = torch.nn.Linear(4, 4), torch.randn(3, 4)
+
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            return a * a
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad
+
+    def two_backwards():
+        for _ in range(2):
+            Square.apply(layer(x)).sum().backward()
+
+    total, _, places = cpu_kernel_profile(two_backwards, top=10)
+    places = dict(places)
+    assert sum(places.values()) == total, places
+    assert places["backward of torch::autograd::AccumulateGrad"] == 2, places
+    assert places["Square"] == 2 and places["backward of AddmmBackward0"] >= 2, places

@@ -293,14 +293,17 @@ def operator_times(run, top: int) -> str:
 
 
 def kernel_call_lines(run, top: int) -> str:
-    """One update's kernel calls (``update_profile.cpu_kernel_calls``, the launch-count proxy) as printed."""
-    from update_profile import cpu_kernel_calls
+    """One update's kernel calls (``update_profile.cpu_kernel_profile``, the launch-count proxy) as printed: the
+    ``top`` most frequent, then where they ran (``update_profile.call_place``)."""
+    from update_profile import cpu_kernel_profile
 
-    total, calls = cpu_kernel_calls(run, top)
+    total, calls, places = cpu_kernel_profile(run, top)
     figures = (f"{total} kernel calls (innermost operators that compute, compiled kernels included; on a GPU one "
                "launch each)")
     lines = [figures, "", row(["kernel call", "calls", "s (profiled)"]), row(["---"] * 3)]
-    return "\n".join(lines + [row([name, n, f"{t:.3f}"]) for name, n, t in calls])
+    lines += [row([name, n, f"{t:.3f}"]) for name, n, t in calls]
+    lines += ["", row(["where they ran", "calls", "of all"]), row(["---"] * 3)]
+    return "\n".join(lines + [row([place, n, f"{n / total:.1%}"]) for place, n in places[:top]])
 
 
 def block_matmul_rate(policy, tokens: int, dtype) -> float:

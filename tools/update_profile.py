@@ -27,6 +27,7 @@ download.
 from __future__ import annotations
 
 import functools
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -145,6 +146,13 @@ def computes(name: str) -> bool:
 def cpu_kernel_calls(run: Callable[[], None], top: int) -> tuple[int, list[tuple[str, int, float]]]:
     """``run()`` (one update) under torch.profiler: its kernel calls (the module's docstring) and the ``top`` most
     frequent as ``(name, calls, seconds)`` (the profiler's times, its own overhead included)."""
+    total, calls, _ = cpu_kernel_profile(run, top)
+    return total, calls
+
+
+def cpu_kernel_profile(run: Callable[[], None], top: int) -> tuple[int, list[tuple[str, int, float]], list]:
+    """:func:`cpu_kernel_calls`, and the calls by where they ran (:func:`call_place`) as ``[(place, calls)]``, most
+    first."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -165,13 +173,42 @@ def cpu_kernel_calls(run: Callable[[], None], top: int) -> tuple[int, list[tuple
             outer.add(id(parent))
             parent = parent.cpu_parent
     calls: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    places: dict[str, int] = defaultdict(int)
     for e in computing:
         if id(e) not in outer:
             entry = calls["compiled (cpp_fused_*)" if "cpp_fused" in e.name else e.name]
             entry[0] += 1
             entry[1] += e.cpu_time_total / 1e6
+            places[call_place(e)] += 1
     total = sum(n for n, _ in calls.values())
-    return total, sorted(((name, n, t) for name, (n, t) in calls.items()), key=lambda x: -x[1])[:top]
+    return (total, sorted(((name, n, t) for name, (n, t) in calls.items()), key=lambda x: -x[1])[:top],
+            sorted(places.items(), key=lambda kv: -kv[1]))
+
+
+COMPILED_GRAPH, COMPILED_REGION, BACKWARD = "## Call CompiledFxGraph", "Torch-Compiled Region", \
+    "autograd::engine::evaluate_function: "
+"""Profiler events that enclose a call: a graph torch.compile built, a compiled function's frame (where its graph
+breaks run eagerly), and the autograd engine running one node's backward."""
+
+
+def call_place(event) -> str:
+    """Where a kernel call ran, from the nearest enclosing event that says: inside a compiled graph; inside a compiled
+    function but outside its graphs (a graph break); in the backward of an autograd node (named, e.g. the gradient
+    accumulation into ``.grad`` or an eager operator's backward); inside a named region (a custom autograd function's
+    forward, the optimizer step); else among the eager operators of the update's own code."""
+    parent = event.cpu_parent
+    while parent is not None:
+        name = parent.name
+        if name.startswith(COMPILED_GRAPH):
+            return "compiled graphs"
+        if name.startswith(COMPILED_REGION):
+            return "compiled functions, outside their graphs"
+        if name.startswith(BACKWARD) or re.search(r"Backward\d*$", name):
+            return "backward of " + name.removeprefix(BACKWARD)
+        if "::" not in name and not name.startswith("## "):
+            return name
+        parent = parent.cpu_parent
+    return "eager operators"
 
 
 def summary_lines(profiled: dict, top: int) -> list[str]:
