@@ -35,7 +35,7 @@ def test_the_block_mask_is_the_one_the_mask_function_gives(lengths):
 
     size = sum(lengths)
     expected = create_block_mask(within_sequence, None, None, size, size, device="cpu").to_dense()
-    built = document_block_mask(torch.tensor(lengths), torch.device("cpu"))
+    built = document_block_mask(lengths, torch.device("cpu"))
     assert built.shape[-2:] == (size, size)
     assert torch.equal(built.to_dense(), expected)
 

@@ -166,7 +166,7 @@ def test_sequencewise_attention_under_autocast_casts_each_row_once_with_the_same
     from torch.profiler import ProfilerActivity, profile
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from evolrl.training.sequencewise_attention import sequencewise_sdpa
+    from evolrl.training.sequencewise_attention import PackedLengths, sequencewise_sdpa
 
     module = SimpleNamespace(is_causal=True, num_key_value_groups=1, training=False)
     lengths = [3, 5, 2]
@@ -180,7 +180,7 @@ def test_sequencewise_attention_under_autocast_casts_each_row_once_with_the_same
 
     results = []
     for attend in (per_sequence, lambda q, k, v: sequencewise_sdpa(module, q, k, v, None,
-                                                                   packed_lengths=torch.tensor(lengths))[0]):
+                                                                   packed_lengths=PackedLengths(lengths))[0]):
         with profile(activities=[ProfilerActivity.CPU]) as prof, torch.autocast("cpu", dtype=torch.bfloat16):
             out = attend(*rows)
         grads = torch.autograd.grad(out.float().square().sum(), rows)
@@ -357,3 +357,19 @@ def test_packed_and_padded_differ_in_bf16_by_rounding_only(tiny_model, device):
     assert (packed_bf16 - padded).abs().max() <= tolerance
     assert (packed_bf16 - padded_bf16).abs().max() <= 2 * tolerance
     assert (padded_bf16 - padded).abs().max() > 1e-3  # the bf16 run really rounds (not computed in float32)
+
+
+def test_the_row_lengths_are_not_moved_with_a_forwards_arguments():
+    """FSDP2's root forward on a GPU moves every tensor among the forward's arguments to the device (torch's
+    ``_to_kwargs``, into tuples and dicts too); the lengths every attention layer reads must stay on the host, or each
+    layer would wait for the device to read them back. The meta device stands in for the GPU here."""
+    from torch.distributed.utils import _to_kwargs
+
+    from evolrl.training.sequencewise_attention import PackedLengths
+
+    packed = PackedLengths(torch.tensor([3, 5, 2]).tolist())
+    _, (kwargs,) = _to_kwargs((), {"packed_lengths": packed, "input_ids": torch.zeros(1, 10)}, torch.device("meta"),
+                              False)
+    assert kwargs["input_ids"].device.type == "meta"  # what happens to a tensor
+    assert kwargs["packed_lengths"] is packed and packed.lengths == [3, 5, 2]
+    assert all(type(n) is int for n in packed.lengths)

@@ -36,13 +36,14 @@ BLOCK = 128
 """Queries and keys per block of the block mask (FlexAttention's default)."""
 
 
-def document_block_mask(lengths: Tensor, device: torch.device) -> BlockMask:
+def document_block_mask(lengths: list[int], device: torch.device) -> BlockMask:
     """The block mask of a packed row of sequences of ``lengths``: each query sees its own sequence's keys up to its
     own position. Query block i needs the key blocks from the one holding the start of its first query's sequence up
-    to block i itself (later queries in the block belong to that sequence or later ones, which start later)."""
-    size = int(lengths.sum())  # before the move: the lengths are a CPU tensor, so no device sync
-    lengths = lengths.to(device)
-    document = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)  # [S]
+    to block i itself (later queries in the block belong to that sequence or later ones, which start later). Built
+    from Python ints: no read back from the device."""
+    size = sum(lengths)
+    lengths = torch.tensor(lengths, device=device)
+    document = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths, output_size=size)  # [S]
     starts = (lengths.cumsum(0) - lengths)[document]  # [S] where each token's sequence begins
     blocks = -(-size // BLOCK)
     rows = torch.arange(blocks, device=device)

@@ -29,7 +29,7 @@ from evolrl.settings import require
 from evolrl.training.forward import model_logprobs, takes_logits_to_keep
 from evolrl.training.packed_flex import PACKED_FLEX, document_block_mask
 from evolrl.training.sequences import Sequences
-from evolrl.training.sequencewise_attention import SEQUENCEWISE_SDPA, is_sequencewise
+from evolrl.training.sequencewise_attention import SEQUENCEWISE_SDPA, PackedLengths, is_sequencewise
 
 PACKED_ATTENTION = ("sdpa", SEQUENCEWISE_SDPA, PACKED_FLEX, "eager", "flash_attention_2", "flash_attention_3",
                     "flash_attention_4", "flex_attention")
@@ -48,7 +48,8 @@ def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int,
     lengths = valid.sum(-1)  # [N]
     starts = lengths.cumsum(0) - lengths  # [N] where each sequence begins in the row
     ids = seqs.input_ids[valid][None]  # [1, S]: the sequences back to back, pads dropped
-    positions = torch.arange(ids.shape[1], device=ids.device) - starts.repeat_interleave(lengths)  # [S]
+    size = ids.shape[1]
+    positions = torch.arange(size, device=ids.device) - starts.repeat_interleave(lengths, output_size=size)  # [S]
     scored = seqs.response_mask
     computed = scored if scored.any() else _last_target(seqs.response_mask, lengths)
     rows, cols = computed.nonzero(as_tuple=True)  # [K]
@@ -57,9 +58,9 @@ def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int,
     inputs = {"input_ids": ids, "position_ids": positions[None], "use_cache": False, **keep}
     flex = getattr(model.config, "_attn_implementation", None) == PACKED_FLEX
     if is_sequencewise(model) or flex:
-        inputs["packed_lengths"] = lengths[lengths > 0].cpu()
+        inputs["packed_lengths"] = PackedLengths(lengths[lengths > 0].tolist())
     if flex:  # built once per pass, read by every layer
-        inputs["packed_block_mask"] = document_block_mask(inputs["packed_lengths"], ids.device)
+        inputs["packed_block_mask"] = document_block_mask(inputs["packed_lengths"].lengths, ids.device)
     stats = model_logprobs(model, inputs, select=(lambda out: out) if keep else (lambda out: out[:, at]),
                            targets=ids[:, at + 1], temperature=temperature, chunk_size=chunk_size,
                            fused_head=fused_head, vocab_mean=vocab_mean)  # each [1, K]

@@ -25,10 +25,25 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 SEQUENCEWISE_SDPA = "evolrl_sequencewise_sdpa"
 
 
+class PackedLengths:
+    """A packed row's sequence lengths, Python ints, as the ``packed_lengths`` keyword of a model's forward carries
+    them to its attention layers. Not a tensor, nor a tuple: FSDP2's root forward moves every tensor among a forward's
+    arguments to the GPU (inside tuples, lists and dicts too), and reading the lengths back in every layer would then
+    wait for the device each time; nor a dataclass, whose fields a compiled block's trace would be specialised on."""
+
+    __slots__ = ("lengths",)
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = [int(n) for n in lengths]
+
+    def __repr__(self) -> str:
+        return f"PackedLengths({self.lengths})"
+
+
 def sequencewise_sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-                      *args, packed_lengths: Tensor | None = None, **kwargs) -> tuple[Tensor, None]:
-    """transformers' sdpa; with ``packed_lengths`` (one row, ``[1, heads, sum(lengths), dim]``; the lengths a CPU
-    int tensor), one causal sdpa call per sequence, without the mask, concatenated: ``[1, sum(lengths), heads, dim]``.
+                      *args, packed_lengths: PackedLengths | None = None, **kwargs) -> tuple[Tensor, None]:
+    """transformers' sdpa; with ``packed_lengths`` (one row, ``[1, heads, sum(lengths), dim]``), one causal sdpa call
+    per sequence, without the mask, concatenated: ``[1, sum(lengths), heads, dim]``.
     Under autocast the row is cast before it is split: the cast autocast makes inside each sdpa call (sdpa runs in the
     autocast dtype), once per tensor instead of once per sequence, and inside a compiled block's graph, where it fuses
     with the rotary embedding before it."""
@@ -42,11 +57,11 @@ def sequencewise_sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tens
 
 
 @torch.compiler.disable
-def _each_sequence(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, packed_lengths: Tensor, *args,
-                   **kwargs) -> Tensor:
+def _each_sequence(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, packed_lengths: PackedLengths,
+                   *args, **kwargs) -> Tensor:
     """One causal sdpa call per sequence. Outside a compiled block's graph (``Batching.compile_blocks``): traced, the
     loop would be specialised on the number of sequences and traced again for every pass."""
-    lengths = packed_lengths.tolist()
+    lengths = packed_lengths.lengths
     if query.shape[0] != 1 or query.shape[2] != sum(lengths) or key.shape[2] != query.shape[2]:
         raise ValueError(f"packed_lengths {lengths} need one row of {sum(lengths)} queries and keys (a pass without a "
                          f"KV cache); got queries {tuple(query.shape)}, keys {tuple(key.shape)}")
