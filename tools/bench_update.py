@@ -8,7 +8,7 @@ ones.
     python tools/bench_update.py --demo --profile 15    # ... and where its time goes (the top 15 aten operators)
     python tools/bench_update.py --precision 32-true --no-gradient-checkpointing --kl-coef 0
     python tools/bench_update.py --paper --profile 15    # on a GPU: Qwen3-1.7B's shape, a paper-like update, kernels
-    python tools/bench_update.py --paper --models qwen3-4b --mini-batch 16 --sequences 16   # 4B, one mini-batch
+    python tools/bench_update.py --paper --models qwen3-4b --optimizer sgd   # 4B: AdamW's moments do not fit 80 GB
     python tools/bench_update.py --models smollm2 --dists heavy --paths packed --profile 12 --compile   # compiled blocks
     python tools/bench_update.py --paper --paths packed --profile 15 --compile --flex   # GPU: + one attention call per row
 
@@ -104,7 +104,7 @@ capped at 12,288; mini-batches of 8; packed passes of at most 32,768 tokens), th
 QUICK = {"models": ["tiny"], "repeats": 1, "dists": ["heavy"], "sequences": 8, "mini_batch": 4, "micro_batch": 2, "budget": 256,
          "prompt": 12, "median": 24, "cap": 96, "check_longest": 64, "peak_size": 256, "peak_repeats": 3}
 CASE = ("prompt", "seed", "mini_batch", "micro_batch", "budget", "precision", "gradient_checkpointing", "kl_coef",
-        "entropy_coef", "temperature", "chunk", "threads", "device", "compiled", "flex")  # the settings a measurement takes from the command line
+        "entropy_coef", "temperature", "chunk", "threads", "device", "compiled", "flex", "optimizer")  # the settings a measurement takes from the command line
 
 
 def responses(dist: str, n: int, median: float, sigma: float, cap: int, seed: int) -> list[int]:
@@ -159,12 +159,13 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
              micro_batch: int, budget: int, precision: str, gradient_checkpointing: bool, kl_coef: float,
              entropy_coef: float, temperature: float, chunk: int, threads: int, allocator: str, device: str = "cpu",
              warmup: list[int] | None = None, ceiling: bool = False, profile: int = 0, compiled: bool = False,
-             flex: bool = False) -> dict:
+             flex: bool = False, optimizer: str = "adamw") -> dict:
     """One update per draw of sequence lengths, measured, in this (fresh) process. On ``cuda`` the policy and the
     reference are built as a run under ``ModelParallelStrategy`` builds them (FSDP2 over a mesh of this one device,
     bf16 all-gathers), peak memory is CUDA's allocated peak, and ``profile`` asks for the kernels
     (``update_profile.cuda_profile``) instead of the kernel calls and aten operators. ``compiled``:
-    ``Batching.compile_blocks``; ``flex``: ``Batching.flex_attention`` (packed passes)."""
+    ``Batching.compile_blocks``; ``flex``: ``Batching.flex_attention`` (packed passes); ``optimizer``: the module's
+    AdamW or plain SGD (no state: a shape whose AdamW moments do not fit)."""
     import torch
 
     from evolrl.training.build import Dtypes, build_models
@@ -192,7 +193,11 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
                         max_tokens_per_micro_batch=budget if packed else None, packed=packed,
                         compile_blocks=compiled, flex_attention=flex and packed)
     update = GRPOUpdate(GRPOLoss(kl_coef=kl_coef, entropy_coef=entropy_coef), batching, max_grad_norm=1.0)
-    optimizer, scheduler = build_optimizer(list(policy.parameters()), Optimization())
+    optimizer_name = optimizer
+    optimizer, scheduler = build_optimizer(list(policy.parameters()), Optimization())  # AdamW's state: at its step
+    if optimizer_name == "sgd":
+        optimizer = torch.optim.SGD(list(policy.parameters()), lr=Optimization().lr)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, scheduler.lr_lambdas[0])
     start_schedule(scheduler, 1000)
     vocab = policy.config.vocab_size
 
@@ -238,7 +243,7 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
         if cuda:
             from update_profile import cuda_profile, summary_lines
 
-            wall = statistics.median(d["seconds"] for d in measured)
+            wall = measured[0]["seconds"]  # the profiled update's lengths are the first draw's
             out["profile"] = "\n".join(summary_lines(cuda_profile(again, wall_s=wall, top=profile), top=profile))
         else:
             out["profile"] = kernel_call_lines(again, profile)
@@ -439,6 +444,8 @@ def main() -> None:
                    help="Batching.compile_blocks: each decoder block's forward through torch.compile")
     p.add_argument("--flex", action="store_true",
                    help="Batching.flex_attention: packed passes attend with one FlexAttention call per row (CUDA only)")
+    p.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"],
+                   help="the module's AdamW, or SGD without state (Qwen3-4B's AdamW moments do not fit one 80 GB GPU)")
     p.add_argument("--paths", nargs="+", default=["padded", "packed"], choices=["padded", "packed"])
     p.add_argument("--case", help=argparse.SUPPRESS)  # internal: one measurement, its JSON on stdout
     a = p.parse_args()

@@ -1,6 +1,8 @@
 """Acceptance check of the GPU path: one command, offline, a short report to paste into docs/gpu.md.
 
     python tools/gpu_check.py                       # on one GPU: about 10-15 minutes
+    python tools/gpu_check.py --sections 2 --out $OUT/s2 --timeout 500   # a section per command where commands are
+                                                                         # capped (the report is rewritten after each)
     python tools/gpu_check.py --cpu                 # CPU mode (automatic without CUDA): a few minutes on 2 cores
     python tools/gpu_check.py --quick --out gpu-check     # smaller sizes; also writes gpu-check/gpu_check.md
     python tools/gpu_check.py --sections environment,kl   # some sections only (names or numbers)
@@ -260,11 +262,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# evolrl GPU check ({mode}): {env.device_line() if gpu else env.cpu_line()}, {env.commit()}, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n", flush=True)
     report, statuses = [], {}
+    header = f"# evolrl GPU check ({mode}), {env.commit()}\n"
     for number, name in enumerate(SECTIONS, 1):
         if name in chosen:
             statuses[name], lines = run_section(number, name, check)
             report += lines
             print("\n".join(lines), flush=True)
+            if a.out:  # so far: what a run killed at a time limit leaves
+                (a.out / "gpu_check.md").write_text("\n".join([header, *report, "(unfinished)"]) + "\n")
     counts = {s: sum(v == s for v in statuses.values()) for s in ("ok", "FAILED", "skipped")}
     tail = (f"summary: {counts['ok']} ok, {counts['FAILED']} FAILED, {counts['skipped']} skipped in "
             f"{time.perf_counter() - start:.0f} s")
@@ -274,7 +279,6 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     print(tail)
     if a.out:
-        header = f"# evolrl GPU check ({mode}), {env.commit()}\n"
         (a.out / "gpu_check.md").write_text("\n".join([header, *report, tail]) + "\n")
     return 1 if counts["FAILED"] else 0
 

