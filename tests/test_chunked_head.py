@@ -185,3 +185,50 @@ def test_token_stats_are_the_log_probs_the_entropy_and_the_vocabulary_mean(chunk
                                               bias=bias)
     torch.testing.assert_close(fused[0], logp.detach(), rtol=0, atol=0)
     torch.testing.assert_close(fused[1], entropy.detach(), rtol=0, atol=0)
+
+
+@pytest.mark.slow  # compiling the chunk functions: ~10-20 s each variant on 2 cores
+@pytest.mark.parametrize("autocast", [False, True])
+def test_compiled_chunks_give_the_eager_numbers(autocast):
+    """``compiled=True`` (``Batching.compile_blocks``): each chunk's softmax statistics and gradient through
+    torch.compile. The matmuls stay outside it, so both paths see the same logits; inductor's fused reductions sum in
+    another order, so the float32 values agree to float32 round-off (1e-5 of their scale), not bit for bit. Under
+    bf16 autocast the gradient of the logits is rounded to bf16 before its matmuls in both paths, and a float32
+    difference at round-off can move a value to the neighbouring bf16 one: gradients are compared by norm at 2**-7,
+    one bf16 rounding (2**-8 relative) with a factor two of margin."""
+    from torch._dynamo.utils import counters
+
+    from evolrl.algorithms.chunked_head import head_token_stats
+
+    torch._dynamo.reset()
+    counters.clear()
+    hidden, weight, bias, tokens, upstream = make(torch.float32, seed=3, bias=True)
+    upstream = upstream.float()
+
+    def run(compiled, use):
+        def fused(h, w, b, t, temp):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                return head_logprobs_and_entropy(h, w, tokens=t, temperature=temp, chunk_size=4, bias=b,
+                                                 compiled=compiled)
+
+        return values_and_grads(fused, hidden, weight=weight, bias=bias, tokens=tokens, temperature=0.7,
+                                upstream=upstream, use=use)
+
+    for use in ((0, 1), (0,)):  # both outputs' gradients, then the entropy's None: another variant of the backward
+        (out, grads), (eager_out, eager_grads) = run(True, use), run(False, use)
+        for a, b in zip(out, eager_out, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
+        for a, b in zip(grads, eager_grads, strict=True):
+            assert a.dtype == b.dtype
+            if autocast:
+                assert _relative_error(a, b) < 2**-7
+            else:
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        stats = [head_token_stats(hidden, weight, tokens=tokens, temperature=0.7, chunk_size=4, bias=bias,
+                                  compiled=compiled) for compiled in (True, False)]
+    for a, b in zip(*stats, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
+    # compiled, whole: graphs for the forward's statistics (with and without the vocabulary mean) and the backward's
+    # two variants, none of them broken
+    assert counters["stats"]["unique_graphs"] >= 4 and not counters["graph_break"], dict(counters)

@@ -45,9 +45,10 @@ class Batching:
     twice the size it holds less than a training pass; fewer, larger passes, the same numbers."""
     compile_blocks: bool = False
     """Each decoder block's forward through ``torch.compile`` (``compiled.py``): its norms, rotary embedding, SwiGLU
-    and casts fused into a few kernels, forward and backward (on a GPU, a fraction of the kernel launches). The
-    first passes pay the compilation (tens of seconds a variant on a CPU); the numbers agree with the uncompiled
-    pass up to float rounding."""
+    and casts fused into a few kernels, forward and backward (on a GPU, a fraction of the kernel launches); with
+    ``fused_head``, each chunk's softmax statistics and their gradient too (``chunked_head.py``: a few passes over
+    the chunk's logits instead of a dozen). The first passes pay the compilation (tens of seconds a variant on a
+    CPU); the numbers agree with the uncompiled pass up to float rounding."""
     reduce_every_pass: bool = False
     """Under FSDP, reduce-scatter the gradients after every pass instead of once per mini-batch (its last pass): one
     collective per pass, but the full float32 gradients are never held unsharded between passes (4B: 15 GiB a rank;

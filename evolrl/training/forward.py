@@ -33,7 +33,8 @@ from evolrl.training.sequences import Sequences
 
 
 def model_logprobs(model, inputs: dict, select: Callable[[Tensor], Tensor], targets: Tensor, temperature: float,
-                   chunk_size: int, fused_head: bool = True, vocab_mean: bool = False) -> tuple[Tensor, ...]:
+                   chunk_size: int, fused_head: bool = True, vocab_mean: bool = False,
+                   compiled_head: bool = False) -> tuple[Tensor, ...]:
     """``(log p(target), entropy)``, each like ``targets``, of ``softmax(logits / temperature)``; with ``vocab_mean``
     (no gradients, for a reward that reads the policy) also the mean of ``log p`` over the vocabulary.
 
@@ -43,6 +44,8 @@ def model_logprobs(model, inputs: dict, select: Callable[[Tensor], Tensor], targ
         select: From the model's last output (hidden states or logits) ``[rows, width, ...]``, the positions whose
             next token is ``targets``, aligned with them.
         targets: ``[rows, length]`` the scored tokens.
+        compiled_head: With ``fused_head``, each chunk's softmax statistics and gradient through ``torch.compile``
+            (``chunked_head._chunk_fn``).
     """
     if not fused_head:
         logits = model(**inputs).logits
@@ -53,7 +56,7 @@ def model_logprobs(model, inputs: dict, select: Callable[[Tensor], Tensor], targ
 
     def fused(hidden: Tensor) -> Tensor:
         return torch.stack(stats(select(hidden), head.weight, tokens=targets, temperature=temperature,
-                                  chunk_size=chunk_size, bias=head.bias), -1)
+                                  chunk_size=chunk_size, bias=head.bias, compiled=compiled_head), -1)
 
     with _forward_replaced(head, fused):
         stacked = model(**inputs).logits
@@ -75,7 +78,7 @@ def _forward_replaced(module: nn.Module, forward: Callable) -> Iterator[None]:
 
 
 def sequence_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int, fused_head: bool = True,
-                      vocab_mean: bool = False) -> tuple[Tensor, ...]:
+                      vocab_mean: bool = False, compiled_head: bool = False) -> tuple[Tensor, ...]:
     """``(log-prob, entropy)`` of every next token, ``[N, T - 1]``, under ``softmax(logits / temperature)`` (and the
     vocabulary's mean log-prob with ``vocab_mean``, see :func:`model_logprobs`).
 
@@ -89,7 +92,7 @@ def sequence_logprobs(model, seqs: Sequences, temperature: float, chunk_size: in
     inputs = {"input_ids": seqs.input_ids, "attention_mask": seqs.attention_mask, "use_cache": False, **keep}
     stats = model_logprobs(model, inputs, select=lambda out: out[:, -(width - first) : -1],
                            targets=seqs.input_ids[:, first + 1 :], temperature=temperature, chunk_size=chunk_size,
-                           fused_head=fused_head, vocab_mean=vocab_mean)
+                           fused_head=fused_head, vocab_mean=vocab_mean, compiled_head=compiled_head)
     return tuple(F.pad(values, (first, 0)) for values in stats)
 
 

@@ -37,7 +37,7 @@ PACKED_ATTENTION = ("sdpa", SEQUENCEWISE_SDPA, PACKED_FLEX, "eager", "flash_atte
 
 
 def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int, fused_head: bool = True,
-                    vocab_mean: bool = False) -> tuple[Tensor, ...]:
+                    vocab_mean: bool = False, compiled_head: bool = False) -> tuple[Tensor, ...]:
     """``sequence_logprobs`` computed on one packed row: the same ``(log-prob, entropy)`` (and vocabulary mean),
     ``[N, T - 1]``.
 
@@ -63,7 +63,7 @@ def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int,
         inputs["packed_block_mask"] = document_block_mask(inputs["packed_lengths"].lengths, ids.device)
     stats = model_logprobs(model, inputs, select=(lambda out: out) if keep else (lambda out: out[:, at]),
                            targets=ids[:, at + 1], temperature=temperature, chunk_size=chunk_size,
-                           fused_head=fused_head, vocab_mean=vocab_mean)  # each [1, K]
+                           fused_head=fused_head, vocab_mean=vocab_mean, compiled_head=compiled_head)  # each [1, K]
 
     def unpack(values: Tensor) -> Tensor:  # [1, K] -> [N, T - 1], zeros where nothing is scored
         return values.new_zeros(scored.shape).index_put((rows, cols), values[0] * scored[rows, cols])

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 
 import torch
 from torch import Tensor, nn
@@ -94,7 +94,7 @@ class GRPOUpdate:
         b = self.batching
         logprobs = packed_logprobs if b.packed else sequence_logprobs
         return logprobs(model, seqs, temperature=temperature, chunk_size=b.logprob_chunk_size, fused_head=b.fused_head,
-                        vocab_mean=vocab_mean)
+                        vocab_mean=vocab_mean, compiled_head=b.compile_blocks)
 
     @staticmethod
     def micro_batch(seqs: Sequences, rows: list[int]) -> Sequences:
@@ -182,26 +182,14 @@ class GRPOUpdate:
         """One forward/backward pass: the loss terms (detached, aggregated with the mini-batch's ``normalizer``) and,
         when the engine reported log-probs, the pass's mismatch sums. ``old`` ``None``: the pass's own log-probs (the
         first mini-batch, before any step)."""
-        cfg = self.loss
         logp, entropy = self.forward(policy, part, temperature)
         old = old if old is not None else logp.detach()
-        pg, clips = clipped_surrogate(logp, old, advantages=part.advantages[:, None], clip_low=cfg.clip_low,
-                                      clip_high=cfg.clip_high, dual_clip=cfg.dual_clip)
-        measured = None
-        if part.sampler_logprobs is not None:
-            weights, measured = cfg.correct(old, part)
-            if weights is not None:
-                pg = pg * weights
-        agg = partial(cfg.aggregation, mask=part.response_mask, normalizer=normalizer)
-        terms = {"pg_loss": agg(pg), "entropy": agg(entropy)}
-        loss = terms["pg_loss"] - cfg.entropy_coef * terms["entropy"]
-        if ref is not None:
-            terms["kl"] = agg(low_var_kl(logp, ref))
-            loss = loss + cfg.kl_coef * terms["kl"]
+        weights, measured = self.loss.correct(old, part) if part.sampler_logprobs is not None else (None, None)
+        loss, terms = _loss_of(self.batching.compile_blocks)(
+            self.loss, logp, entropy, old=old, ref=ref, advantages=part.advantages[:, None], mask=part.response_mask,
+            normalizer=normalizer, weights=weights)
         backward(loss)
-        terms["loss"] = loss
-        terms |= {f"{name}_frac": agg(flag.float()) for name, flag in clips.items()}
-        return {name: value.detach().float() for name, value in terms.items()}, measured
+        return terms, measured
 
     def optimizer_step(self, policy: nn.Module, optimizer, scheduler) -> Tensor:
         """Clip the accumulated gradient and step; a mini-batch whose gradient norm is not finite is skipped and
@@ -222,6 +210,34 @@ class GRPOUpdate:
             scheduler.step()
         optimizer.zero_grad()
         return grad_norm.detach().float()
+
+
+def pass_loss(cfg: GRPOLoss, logp: Tensor, entropy: Tensor, old: Tensor, ref: Tensor | None, advantages: Tensor,
+              mask: Tensor, normalizer: Tensor, weights: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+    """A pass's loss from its per-token log-probs and entropies ``[N, L]``, and its terms (detached, float32):
+    the clipped surrogate (times the mismatch ``weights``, if any), the entropy bonus, the KL to ``ref``, the clip
+    fractions, each aggregated with the mini-batch's ``normalizer``. An entropy coefficient of 0 leaves the entropy
+    out of the loss's graph (reported, not differentiated: the fused head then skips its gradient)."""
+    pg, clips = clipped_surrogate(logp, old, advantages=advantages, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                  dual_clip=cfg.dual_clip)
+    if weights is not None:
+        pg = pg * weights
+    agg = partial(cfg.aggregation, mask=mask, normalizer=normalizer)
+    terms = {"pg_loss": agg(pg), "entropy": agg(entropy if cfg.entropy_coef else entropy.detach())}
+    loss = terms["pg_loss"] - cfg.entropy_coef * terms["entropy"] if cfg.entropy_coef else terms["pg_loss"]
+    if ref is not None:
+        terms["kl"] = agg(low_var_kl(logp, ref))
+        loss = loss + cfg.kl_coef * terms["kl"]
+    terms["loss"] = loss
+    terms |= {f"{name}_frac": agg(flag.float()) for name, flag in clips.items()}
+    return loss, {name: value.detach().float() for name, value in terms.items()}
+
+
+@cache
+def _loss_of(compiled: bool) -> Callable:
+    """:func:`pass_loss`, or with ``compiled`` (``Batching.compile_blocks``) its ``torch.compile``d form (shapes
+    dynamic): its two dozen elementwise operators and reductions, forward and backward, as a few fused kernels."""
+    return torch.compile(pass_loss, dynamic=True) if compiled else pass_loss
 
 
 def _rows_of(values: Tensor, rows: list[int], part: Sequences) -> Tensor:
