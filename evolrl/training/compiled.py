@@ -37,8 +37,10 @@ TRACES = 64
 
 
 def compile_blocks(model: nn.Module) -> nn.Module:
-    """``model`` with each of its decoder blocks (``model.model.layers``) running a compiled forward. The forward is
-    an attribute of the block: a deep copy of the model would call the original's blocks, so copy before."""
+    """``model`` with each of its decoder blocks (``model.model.layers``) running a compiled forward, and its final
+    norm and rotary embedding (``model.model.norm``, ``model.model.rotary_emb``, where it has them): a few operators
+    each, once per pass, that would otherwise run eagerly. The forward is an attribute of the module: a deep copy of
+    the model would call the original's modules, so copy before."""
     blocks = getattr(getattr(model, "model", None), "layers", None)
     if blocks is None:
         raise ValueError(f"{type(model).__name__}: no `model.layers` to compile; Batching.compile_blocks expects a "
@@ -47,6 +49,10 @@ def compile_blocks(model: nn.Module) -> nn.Module:
     for block in blocks:
         block.forward = torch.compile(block.forward, dynamic=True,
                                       options={"pre_grad_custom_pass": FUSE})
+    for name in ("norm", "rotary_emb"):  # the final norm, and the rotary tables every block reads: once per pass
+        module = getattr(model.model, name, None)
+        if isinstance(module, nn.Module):
+            module.forward = torch.compile(module.forward, dynamic=True)
     return model
 
 
