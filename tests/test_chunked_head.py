@@ -232,3 +232,20 @@ def test_compiled_chunks_give_the_eager_numbers(autocast):
     # compiled, whole: graphs for the forward's statistics (with and without the vocabulary mean) and the backward's
     # two variants, none of them broken
     assert counters["stats"]["unique_graphs"] >= 4 and not counters["graph_break"], dict(counters)
+
+
+def test_a_zero_entropy_gradient_and_none_give_the_same_gradients():
+    """An entropy coefficient of 0 leaves the entropy out of the loss's graph (``update.pass_loss``), so the head's
+    backward gets ``None`` for it instead of zeros. Exactly the same gradients: the entropy's term, scaled by -0, adds
+    signed zeros, and ``±0 - y`` is ``-y`` bit for bit (IEEE arithmetic, one machine, the same kernels both ways)."""
+    hidden, weight, bias, tokens, upstream = make(torch.float32, seed=4, bias=True)
+    grads = []
+    for with_zero_entropy in (True, False):
+        leaves = [t.clone().requires_grad_(True) for t in (hidden, weight, bias)]
+        logp, entropy = head_logprobs_and_entropy(*leaves[:2], tokens=tokens, temperature=0.7, chunk_size=4,
+                                                  bias=leaves[2])
+        loss = (logp * upstream[0].float()).sum()
+        (loss - 0.0 * entropy.sum() if with_zero_entropy else loss).backward()
+        grads.append([t.grad for t in leaves])
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
