@@ -193,11 +193,10 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
                         max_tokens_per_micro_batch=budget if packed else None, packed=packed,
                         compile_blocks=compiled, flex_attention=flex and packed)
     update = GRPOUpdate(GRPOLoss(kl_coef=kl_coef, entropy_coef=entropy_coef), batching, max_grad_norm=1.0)
-    optimizer_name = optimizer
-    optimizer, scheduler = build_optimizer(list(policy.parameters()), Optimization())  # AdamW's state: at its step
-    if optimizer_name == "sgd":
-        optimizer = torch.optim.SGD(list(policy.parameters()), lr=Optimization().lr)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, scheduler.lr_lambdas[0])
+    optim, scheduler = build_optimizer(list(policy.parameters()), Optimization())  # AdamW's state: at its step
+    if optimizer == "sgd":
+        optim = torch.optim.SGD(list(policy.parameters()), lr=Optimization().lr)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optim, scheduler.lr_lambdas[0])
     start_schedule(scheduler, 1000)
     vocab = policy.config.vocab_size
 
@@ -207,7 +206,7 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
 
     def step(part) -> None:
         with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
-            update(policy, reference, part.to(device), temperature=temperature, optimizer=optimizer,
+            update(policy, reference, part.to(device), temperature=temperature, optimizer=optim,
                    scheduler=scheduler)
         sync()
 

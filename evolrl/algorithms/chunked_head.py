@@ -27,6 +27,8 @@ backward, so leaving it implicit would recompute different logits in the backwar
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 from torch import Tensor
 
@@ -79,19 +81,12 @@ def _chunk_grad(logits: Tensor, tokens: Tensor, lse: Tensor, entropy: Tensor, gr
     return grad.to(dtype), grad.sum(0) if bias else None
 
 
-_COMPILED: dict = {}
-"""A chunk function -> its compiled form, built once per process."""
-
-
+@cache
 def _chunk_fn(fn, compiled: bool):
-    """``fn``, or with ``compiled`` its ``torch.compile``d form (shapes dynamic: the last chunk is shorter): the
-    chunk's casts, elementwise work and reductions become a few fused kernels instead of a dozen passes over its
-    ``[C, V]`` logits (the matmuls stay outside, library calls)."""
-    if not compiled:
-        return fn
-    if fn not in _COMPILED:
-        _COMPILED[fn] = torch.compile(fn, dynamic=True)
-    return _COMPILED[fn]
+    """``fn``, or with ``compiled`` its ``torch.compile``d form, built once per process (shapes dynamic: the last
+    chunk is shorter): the chunk's casts, elementwise work and reductions become a few fused kernels instead of a
+    dozen passes over its ``[C, V]`` logits (the matmuls stay outside, library calls)."""
+    return torch.compile(fn, dynamic=True) if compiled else fn
 
 
 def _head_stats(hidden: Tensor, weight: Tensor, bias: Tensor | None, tokens: Tensor, temperature: float,
