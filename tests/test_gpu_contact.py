@@ -52,9 +52,11 @@ def test_evaluation_metrics_sync_over_a_one_process_gloo_group_on_the_cpu():
 def test_evaluation_metrics_sync_over_a_one_process_nccl_group_on_a_gpu(backend):
     """The measured first-contact failure: with the states on the CPU, NCCL raised "No backend type associated with
     device type cpu" at the end of the first (sanity) validation of a single-GPU run."""
-    callback, module, metrics = validate_with_a_process_group(backend, "gpu")
+    callback, _, metrics = validate_with_a_process_group(backend, "gpu")
     check_metrics(metrics)
-    assert callback.metrics["toy"].device.type == "cuda" == module.device.type
+    # the module itself is back on the CPU by now (Lightning's teardown moves it), the metric states stay where the
+    # validation gathered them
+    assert callback.metrics["toy"].device.type == "cuda"
 
 
 def bf16_models(model_dir: str, sharded: bool):
