@@ -77,6 +77,7 @@ import gc
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -345,7 +346,7 @@ def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str
         out = subprocess.run([sys.executable, __file__, "--case", json.dumps(spec)], check=False, capture_output=True,
                              text=True, env={**os.environ, **env})
         if out.returncode:
-            sys.exit(f"{path} on {model} failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
+            sys.exit(f"{path} on {model} failed (exit {out.returncode}):\n{failure(out.stderr)}")
         runs[purpose] = json.loads(out.stdout.strip().splitlines()[-1])
     timed = runs["time"]["draws"]
     if "profile" in runs["time"]:
@@ -357,6 +358,17 @@ def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str
         "seconds": statistics.median(d["seconds"] for d in timed),
         "tokens_s": sum(d["real"] for d in timed) / seconds, "flops_s": sum(d["flops"] for d in timed) / seconds,
         "computed_all": sum(d["computed"] for d in timed)}
+
+
+EXCEPTION = re.compile(r"^(\[rank\d+\]:\s*)?([\w.]+(Error|Exception|Interrupt)\b.*)")
+
+
+def failure(stderr: str, tail: int = 3000) -> str:
+    """What a failed case printed, shortened: the lines that name an exception (a compiler's dump can push the
+    traceback's last line out of any tail), then the tail."""
+    named = [m.group(2)[:300] for line in stderr.splitlines() if (m := EXCEPTION.match(line.strip()))]
+    head = "exceptions raised:\n" + "\n".join(named[-8:]) + "\n...\n" if named else ""
+    return head + stderr[-tail:]
 
 
 def row(cells: list) -> str:
