@@ -335,11 +335,15 @@ def block_matmul_rate(policy, tokens: int, dtype) -> float:
 def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str,
             warmup: list[int] | None = None) -> dict:
     """Over ``draws``, after an update on ``warmup``: the median update time under ``a.allocator``, tokens/s and FLOP/s
-    over all of them; from a second process, the first draw's peak memory of live tensors, passes and padding."""
+    over all of them; the first draw's peak memory of live tensors, passes and padding, on a CPU from a second process
+    (the resident set's peak there counts freed memory the timing's allocator keeps), on a GPU from the timed process
+    (CUDA's allocated peak counts live tensors only; one process compiles once, where compiling a large shape takes
+    minutes)."""
     case = {"model": model, "path": path} | {k: getattr(a, k) for k in CASE}
     runs = {}
-    for purpose, allocator, env, its in (("time", a.allocator, {}, draws),
-                                         ("memory", "live", {"MALLOC_MMAP_THRESHOLD_": str(2**20)}, draws[:1])):
+    processes = (("time", a.allocator, {}, draws),
+                 ("memory", "live", {"MALLOC_MMAP_THRESHOLD_": str(2**20)}, draws[:1]))
+    for purpose, allocator, env, its in processes[:1] if a.device == "cuda" else processes:
         timing = purpose == "time"  # the memory process measures its peak only
         spec = case | {"allocator": allocator, "draws": its, "warmup": warmup if timing else None, "ceiling": timing,
                        "profile": a.profile if timing else 0}
@@ -348,6 +352,7 @@ def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str
         if out.returncode:
             sys.exit(f"{path} on {model} failed (exit {out.returncode}):\n{failure(out.stderr)}")
         runs[purpose] = json.loads(out.stdout.strip().splitlines()[-1])
+    runs.setdefault("memory", runs["time"])
     timed = runs["time"]["draws"]
     if "profile" in runs["time"]:
         print(f"\nwhere the time goes, {path} on {model} (an extra update on draw 0, top {a.profile} operators):\n"
@@ -491,9 +496,12 @@ def main() -> None:
           f"packed: budget {a.budget} tokens; prompt {a.prompt} tokens; {a.precision}, gradient checkpointing "
           f"{'on' if a.gradient_checkpointing else 'off'}, kl_coef {a.kl_coef} "
           f"({'with' if a.kl_coef > 0 else 'no'} reference pass), entropy_coef {a.entropy_coef}, temperature "
-          f"{a.temperature}; {'compiled blocks, ' if a.compiled else ''}{'flex attention, ' if a.flex else ''}{a.threads} threads, allocator {a.allocator}; per case two fresh processes (time: median "
-          f"of {a.repeats} updates on their own draws, after a warm-up update on another; peak memory of live "
-          "tensors: the first draw, after a warm-up update on two short sequences)")
+          f"{a.temperature}; {'compiled blocks, ' if a.compiled else ''}{'flex attention, ' if a.flex else ''}{a.threads} threads, allocator {a.allocator}; "
+          + (f"per case one fresh process (time: median of {a.repeats} updates on their own draws, after a warm-up "
+             "update on another; peak: CUDA's allocated peak of the first draw)" if a.device == "cuda" else
+             f"per case two fresh processes (time: median of {a.repeats} updates on their own draws, after a warm-up "
+             "update on another; peak memory of live tensors: the first draw, after a warm-up update on two short "
+             "sequences)"))
     if a.device == "cpu":
         print(f"matmul peak ({a.peak_size}^3, best of {a.peak_repeats}): bf16 {peaks['bfloat16'] / 1e9:.1f} GFLOP/s, "
               f"fp32 {peaks['float32'] / 1e9:.1f} GFLOP/s")
