@@ -38,6 +38,23 @@ def test_the_summary_reads_the_trailing_fraction_beside_entropy_and_length():
     assert list(numbers).index("trailing_fraction last 2") > list(numbers).index("response_length last 2")
 
 
+def test_the_verdict_rule_needs_every_criterion_in_every_seed_at_its_boundaries():
+    def numbers(pass16, entropy, trailing):
+        return {"pass@16 last": pass16, "entropy last 10": entropy, "trailing_fraction last 10": trailing}
+
+    ttrl = {"seed0": numbers(0.25, 0.1, 0.0), "seed1": numbers(0.5, 0.2, 0.0)}
+    # seed0 meets each criterion exactly at its boundary (>= margin, >= ratio, just under the trailing bound)
+    arm = {"seed0": numbers(0.30, 0.2, 0.099), "seed1": numbers(0.6, 0.5, 0.05)}
+    rows, shown = study.verdict_rows(arm, ttrl, tail=10)
+    assert [r[0] for r in rows] == ["seed0", "seed1"] and shown
+    assert rows[0][-1] == (True, True, True)
+    for seed, broken in (("seed1", numbers(0.54, 0.5, 0.05)), ("seed1", numbers(0.6, 0.39, 0.05)),
+                         ("seed0", numbers(0.30, 0.2, 0.1))):  # each criterion failed once, in one seed
+        rows, shown = study.verdict_rows(arm | {seed: broken}, ttrl, tail=10)
+        assert not shown and sum(not all(r[-1]) for r in rows) == 1
+    assert study.verdict_rows({}, ttrl, tail=10) == ([], False)  # no seed in common: no signature
+
+
 def test_the_word_task_composes_its_overlay_between_the_study_and_the_method():
     assert study.run_configs("addition", "ttrl") == ["configs/demo.yaml", "configs/study.yaml",
                                                      "configs/demo_ttrl.yaml"]

@@ -28,8 +28,9 @@ PANELS = (
     ("val/{eval_set}/pass@{k}", "pass@{k} on {eval_set}", "pass@{k}"),
     ("train/response_length", "response length", "tokens"),
     ("train/entropy", "policy entropy", "nats / token"),
+    ("train/trailing_fraction", "text after the final answer", "share of responses"),
 )
-"""(tag, title, unit); the pass@k panel only with ``pass_k``."""
+"""(tag, title, unit); the pass@k panel only with ``pass_k``, a training curve only where a run logged it."""
 
 
 def read_scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
@@ -67,8 +68,9 @@ def plot(run_dirs: list[Path], labels: list[str], out: Path, eval_set: str | Non
     methods: dict[str, list[dict]] = {}
     for run, label in zip(runs, labels):
         methods.setdefault(label, []).append(run)
-    panels = [p for p in PANELS if pass_k is not None or "{k}" not in p[0]]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), constrained_layout=True)
+    panels = [p for p in PANELS if (pass_k is not None or "{k}" not in p[0])
+              and (not p[0].startswith("train/") or any(p[0] in run for run in runs))]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.6), constrained_layout=True)
     for ax, (tag, title, unit) in zip(axes, panels):
         tag = tag.format(eval_set=eval_set, k=pass_k)
         ax.set_title(title.format(eval_set=eval_set or "(no evaluation set logged)", k=pass_k))
@@ -85,10 +87,10 @@ def plot(run_dirs: list[Path], labels: list[str], out: Path, eval_set: str | Non
                 line, = ax.plot(steps, mean, marker="o", markersize=3,
                                 label=f"{label} (mean of {len(logged)} seeds, band: min-max)")
                 ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
-        if ax.lines:
-            ax.legend()
-        else:
+        if not ax.lines:
             ax.text(0.5, 0.5, f"no '{tag}' in these runs", ha="center", va="center", transform=ax.transAxes)
+    drawn = max(axes, key=lambda ax: len(ax.lines))  # one legend for the figure, below the panels
+    fig.legend(*drawn.get_legend_handles_labels(), loc="outside lower center", ncol=min(len(methods), 4))
     fig.suptitle("Training dynamics")
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)

@@ -211,6 +211,41 @@ def run_numbers(scalars: dict[str, list[tuple[int, float]]], tail: int) -> dict[
     return numbers
 
 
+RULE = {"pass@16 margin": 0.05, "entropy ratio": 2.0, "trailing under": 0.1}
+"""Study II's pre-registered verdict rule (docs/study.md), per seed against TTRL's run of the same seed: held-out
+pass@16 at the last evaluation at least TTRL's + 0.05, training entropy over the last 10 steps at least twice TTRL's,
+trailing fraction over the last 10 steps under 0.1."""
+
+
+def verdict_rows(arm: dict[str, dict[str, float]], ttrl: dict[str, dict[str, float]], tail: int) -> tuple[list, bool]:
+    """``([(seed, pass@16, TTRL's, entropy, TTRL's, trailing, met (3 bools))], signature shown)`` for the seeds both
+    arms ran (``{seed name: run_numbers}``); the signature is shown when every criterion holds in every seed."""
+    rows = []
+    for seed in sorted(arm.keys() & ttrl.keys()):
+        a, t = arm[seed], ttrl[seed]
+        cells = (a["pass@16 last"], t["pass@16 last"], a[f"entropy last {tail}"], t[f"entropy last {tail}"],
+                 a[f"trailing_fraction last {tail}"])
+        met = (cells[0] >= cells[1] + RULE["pass@16 margin"], cells[2] >= RULE["entropy ratio"] * cells[3],
+               cells[4] < RULE["trailing under"])
+        rows.append((seed, *cells, met))
+    return rows, bool(rows) and all(all(r[-1]) for r in rows)
+
+
+def verdict(scalars: dict[str, list[dict]], runs: dict[str, list[Path]], arm: str, tail: int) -> None:
+    """Study II's rule applied to ``arm`` against TTRL, seed by seed."""
+    numbers = {m: {d.name: run_numbers(s, tail) for d, s in zip(runs[m], scalars[m])} for m in (arm, "ttrl")}
+    rows, shown = verdict_rows(numbers[arm], numbers["ttrl"], tail)
+    mark = {True: "yes", False: "no"}
+    print(f"Verdict rule (docs/study.md), {METHODS[arm][0]} against TTRL, seed by seed:\n"
+          f"| seed | pass@16 | TTRL pass@16 | (1) >= TTRL + {RULE['pass@16 margin']} | entropy last {tail} | TTRL "
+          f"entropy | (2) >= {RULE['entropy ratio']:g} x TTRL | trailing last {tail} | (3) < {RULE['trailing under']} |\n"
+          + "|---" * 9 + "|")
+    for seed, p, tp, e, te, tr, met in rows:
+        print(f"| {seed} | {p:.3f} | {tp:.3f} | {mark[met[0]]} | {e:.3f} | {te:.3f} (x{e / te:.2f}) | {mark[met[1]]} "
+              f"| {tr:.3f} | {mark[met[2]]} |")
+    print(f"signature shown (every criterion in every seed): {mark[shown]}")
+
+
 def evaluations(scalars: dict[str, list[dict]], methods: list[str]) -> None:
     """Held-out metrics at every evaluation step, mean +- sd over the seeds of each method."""
     heads = [f"{METHODS[m][0]} {name}" for name in FINAL for m in methods]
@@ -281,6 +316,9 @@ def summary(a: argparse.Namespace) -> None:
     print(f"\n{len(minutes)} runs, {sum(minutes):.0f} min in all ({min(minutes):.1f} to {max(minutes):.1f} a run)\n")
     per_run(scalars, runs, a.tail)
     print()
+    if {"ttrl", "evol_until"} <= set(a.methods):
+        verdict(scalars, runs, "evol_until", a.tail)
+        print()
     evaluations(scalars, a.methods)
     print()
     curves_at_evaluations(scalars, a.methods, a.tail)
