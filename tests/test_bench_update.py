@@ -65,3 +65,19 @@ def test_a_failed_cases_report_keeps_the_exception_lines_a_long_dump_pushes_out_
     assert report.endswith("internal stack trace\n")  # the tail is still there
     assert len(report) < 4000
     assert failure("plain text, no exception\n") == "plain text, no exception\n"
+
+
+def test_a_compiled_case_reports_its_warm_up_and_the_graphs_traced_before_and_during_the_timed_updates(tiny_model):
+    from bench_update import compile_line, responses, run_case
+
+    prompt = 12
+    draws = [[prompt + n for n in responses("heavy", 4, median=24, sigma=1.0, cap=64, seed=s)] for s in (0, 1)]
+    out = run_case(model=tiny_model, path="packed", draws=draws, prompt=prompt, seed=0, mini_batch=2, micro_batch=2,
+                   budget=128, precision="bf16-mixed", gradient_checkpointing=True, kl_coef=0.001, entropy_coef=0.0,
+                   temperature=1.0, chunk=1024, threads=2, allocator="default", compiled=True)
+    warm, final = out["graphs"]
+    assert warm > 0 and final >= warm and out["warmup_s"] > 0
+    line = compile_line("heavy", "packed", out)
+    assert line.startswith(f"heavy, packed: the warm-up update took {out['warmup_s']:.1f} s and traced {warm} graphs")
+    assert compile_line("heavy", "packed", out | {"graphs": [5, 7]}).endswith(
+        "2 more traced during the timed updates (their times include compiling)")

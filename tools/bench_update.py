@@ -211,7 +211,9 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
                    scheduler=scheduler)
         sync()
 
+    start = time.perf_counter()
     step(make_sequences(warmup or [prompt + 16] * 2, prompt, vocab=vocab, seed=seed + 1))  # warm-up
+    warmup_s, warm_graphs = time.perf_counter() - start, traced_graphs()
     w = counted_weights(policy)
     measured = []
     for i, lengths in enumerate(draws):
@@ -231,7 +233,7 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
         measured.append({"seconds": seconds, "update_mib": peak - before, "abs_mib": peak, "real": sum(lengths),
                          "computed": sum(passes), "passes": len(passes), "largest": max(passes),
                          "flops": update_flops(w, lengths, prompt=prompt, mini_batch=mini_batch, kl=kl_coef > 0)})
-    out = {"draws": measured, "weights": w}
+    out = {"draws": measured, "weights": w, "warmup_s": warmup_s, "graphs": [warm_graphs, traced_graphs()]}
     if ceiling and not cuda:  # the block matmuls alone at the first draw's mean pass size
         first = measured[0]
         out["block_mm"] = block_matmul_rate(policy, round(first["computed"] / first["passes"]),
@@ -250,6 +252,13 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
             if not compiled:  # compiled code does not run under operator_times' dispatch mode
                 out["profile"] += "\n\n" + operator_times(again, profile)
     return out
+
+
+def traced_graphs() -> int:
+    """How many graphs torch.compile has traced in this process so far (0 uncompiled)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
 
 
 def one_device_mesh():
@@ -360,6 +369,7 @@ def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str
     seconds = sum(d["seconds"] for d in timed)
     return runs["memory"]["draws"][0] | {
         "weights": runs["time"]["weights"], "block_mm": runs["time"].get("block_mm"),
+        "warmup_s": runs["time"]["warmup_s"], "graphs": runs["time"]["graphs"],
         "seconds": statistics.median(d["seconds"] for d in timed),
         "tokens_s": sum(d["real"] for d in timed) / seconds, "flops_s": sum(d["flops"] for d in timed) / seconds,
         "computed_all": sum(d["computed"] for d in timed)}
@@ -395,6 +405,15 @@ def result_row(name: str, path: str, m: dict, peaks: dict[str, float]) -> str:
                 f"{rate / 1e9:.3g}", f"{rate / peaks['bfloat16']:.3g}",
                 f"{rate / peaks['float32']:.3g}" if peaks.get("float32") else "-",
                 "-" if m["block_mm"] is None else f"{m['block_mm'] / 1e9:.3g}"])
+
+
+def compile_line(dist: str, path: str, m: dict) -> str:
+    """What compiling cost the timed process: the warm-up update's time and graphs, and any graph traced later (a
+    timed update that traced one includes its compile time)."""
+    warm, final = m["graphs"]
+    later = (f"{final - warm} more traced during the timed updates (their times include compiling)" if final > warm
+             else "none traced during the timed updates")
+    return f"{dist}, {path}: the warm-up update took {m['warmup_s']:.1f} s and traced {warm} graphs; {later}"
 
 
 def memory_check(a: argparse.Namespace, model: str, heavy: list[int]) -> None:
@@ -534,6 +553,8 @@ def main() -> None:
                     results[d, path] = measure(a, model, draws=[[a.prompt + x for x in r] for r in draws], path=path,
                                                warmup=warmups[d])
                     print(result_row(d, path, m=results[d, path], peaks=peaks), flush=True)
+                    if a.compiled:
+                        print(compile_line(d, path, results[d, path]), flush=True)
             w = results[d, path]["weights"]
             print(f"FLOPs counted with N_b {w['blocks']:,}, N_h {w['head']:,}, L {w['layers']}, a {w['width']}")
             for d in steps if len(a.paths) == 2 else ():
