@@ -122,3 +122,27 @@ def test_flex_on_a_gpu_trains_as_the_sequencewise_path(qwen3, compiled_blocks):
     torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
     for name, grad in grads.items():
         torch.testing.assert_close(flex_grads[name], grad, rtol=5e-2, atol=5e-2 * float(grad.abs().max()), msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["policy-under-autocast", "bf16-reference"])
+def test_flex_in_compiled_blocks_without_gradients_gives_the_sequencewise_log_probs(qwen3, dtype):
+    """The passes without gradients inside compiled blocks (the old log-probs' under autocast, the reference's in
+    bf16), rows of new lengths: flex's no-gradient call, whose compile failed on an H200 at the 1.7B shape before it
+    asked for the log-sum-exp (packed_flex's docstring). The log-probs of the sequence-wise path, up to bf16
+    rounding (as the training test's tolerance)."""
+    from evolrl.training.compiled import compile_blocks
+
+    results = []
+    for attention in (SEQUENCEWISE_SDPA, PACKED_FLEX):
+        model = AutoModelForCausalLM.from_pretrained(qwen3, attn_implementation=attention, dtype=dtype).cuda()
+        compile_blocks(model)
+        rows = []
+        for lengths in ROWS[1:]:
+            seqs = sequences(model.config.vocab_size, lengths).to(torch.device("cuda"))
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+                rows.append(packed_logprobs(model, seqs, temperature=0.7, chunk_size=64)[0])
+        results.append(rows)
+    for expected, got in zip(*results):
+        torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)

@@ -15,6 +15,11 @@ s² (plus the blocks a sequence boundary cuts) in one launch. Non-obvious decisi
   mask function over them) does not trace it again (``tests/test_packed_flex.py`` counts the graphs).
 * torch has no FlexAttention backward on a CPU (2.13: ``NotImplementedError``), so ``fit`` refuses this setting at
   start there (:func:`check_flex`); a CPU runs the same function without gradients, uncompiled (the tests).
+* On a GPU a pass without gradients (the reference's, the old log-probs') asks for the log-sum-exp too, which it
+  does not use: without gradients flex otherwise builds its forward kernel in a configuration of its own (no
+  log-sum-exp written), and that is the call whose compile failed in inductor on an H200 (torch 2.11, the 1.7B shape
+  inside compiled blocks, symbolic lengths), where the training passes' configuration compiled and ran
+  (``tests/test_packed_flex.py``'s GPU tests cover both).
 * Every other call (padded passes, generation, evaluation, a sliding window, dropout) is the sequence-wise sdpa's.
 """
 
@@ -29,6 +34,11 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from evolrl.settings import require
+
+try:
+    from torch.nn.attention.flex_attention import AuxRequest
+except ImportError:  # torch before 2.9: no way to ask for the log-sum-exp but the deprecated one
+    AuxRequest = None
 from evolrl.training.sequencewise_attention import SEQUENCEWISE_SDPA, sequencewise_sdpa
 
 PACKED_FLEX = "evolrl_packed_flex"
@@ -75,8 +85,10 @@ def packed_flex(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, at
         query, key, value = (x.to(torch.get_autocast_dtype(device)) for x in (query, key, value))
     compiled = device == "cuda" and not torch.compiler.is_compiling()
     attend = _compiled_flex() if compiled else flex_attention
+    lse = AuxRequest is not None and device == "cuda" and not torch.is_grad_enabled()  # as a training pass (above)
     out = attend(query, key, value, block_mask=packed_block_mask, scale=kwargs.get("scaling"),
-                 enable_gqa=key.shape[1] != query.shape[1])
+                 enable_gqa=key.shape[1] != query.shape[1], **({"return_aux": AuxRequest(lse=True)} if lse else {}))
+    out = out[0] if lse else out
     return out.transpose(1, 2).contiguous(), None
 
 
