@@ -35,7 +35,8 @@ the module does: ``build_models`` (float32 master weights; GRPOLoss's EVOL-RL de
 reference, bf16 under bf16, and a reference pass), ``build_optimizer`` (fused AdamW), ``torch.autocast('cpu',
 bfloat16)`` as Lightning's ``bf16-mixed``, gradient checkpointing on (off with ``--demo``, as configs/demo.yaml).
 
-Each (model, distribution, path) runs in two fresh processes: load, a warm-up update, then measured updates. Time:
+Each (model, distribution, path) runs in two fresh processes on a CPU, one on a GPU (whose allocated peak needs no
+process of its own): load, a warm-up update, then measured updates. Time:
 after a warm-up update on a draw of its own (seed ``--seed`` - 1: AdamW state allocated, the allocator's heap grown
 and its pages touched, as in any training step after the first), ``--repeats`` updates, each on its own draw of
 lengths from the distribution (seeds ``--seed``, ``--seed`` + 1, ...; new shapes every time, as in training, so
