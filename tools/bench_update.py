@@ -20,7 +20,8 @@ prints the GPU-busy fraction, kernel launches and top N kernels of one more upda
 Models may be named Qwen3 shapes (``qwen3-0.6b``, ``qwen3-1.7b``, ``qwen3-4b``, ``qwen3-8b``: random weights, no
 download). On a CPU ``--profile`` counts the update's kernel calls (``update_profile.cpu_kernel_calls``: the proxy
 for the launch count, compiled code included) and, uncompiled, times its aten operators. ``--compile``: the blocks
-compiled (``Batching.compile_blocks``); ``--paths``: padded, packed or both.
+compiled (``Batching.compile_blocks``), and per case a line on what compiling cost (the warm-up update's seconds, the
+graphs traced, any traced during the timed updates); ``--paths``: padded, packed or both.
 
 A scale model of the paper's update (configs/paper: 256 sequences per step, mini-batches of 32, packed passes of at
 most 32,768 tokens): 8 sequences, mini-batches of 4 (two optimizer steps: the second one's old log-probs take a
