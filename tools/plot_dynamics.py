@@ -70,7 +70,8 @@ def plot(run_dirs: list[Path], labels: list[str], out: Path, eval_set: str | Non
         methods.setdefault(label, []).append(run)
     panels = [p for p in PANELS if (pass_k is not None or "{k}" not in p[0])
               and (not p[0].startswith("train/") or any(p[0] in run for run in runs))]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.6), constrained_layout=True)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.6), constrained_layout=True, squeeze=False)
+    axes = axes[0]
     for ax, (tag, title, unit) in zip(axes, panels):
         tag = tag.format(eval_set=eval_set, k=pass_k)
         ax.set_title(title.format(eval_set=eval_set or "(no evaluation set logged)", k=pass_k))

@@ -34,12 +34,12 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from evolrl.settings import require
+from evolrl.training.sequencewise_attention import SEQUENCEWISE_SDPA, sequencewise_sdpa
 
 try:
     from torch.nn.attention.flex_attention import AuxRequest
 except ImportError:  # torch before 2.9: no way to ask for the log-sum-exp but the deprecated one
     AuxRequest = None
-from evolrl.training.sequencewise_attention import SEQUENCEWISE_SDPA, sequencewise_sdpa
 
 PACKED_FLEX = "evolrl_packed_flex"
 BLOCK = 128
