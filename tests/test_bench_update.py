@@ -53,18 +53,18 @@ def test_bench_update_on_a_gpu_prints_the_kernel_profile_and_the_memory_estimate
     assert re.search(r"^card peak: ", result.stdout, re.MULTILINE)
 
 
-def test_a_failed_cases_report_keeps_the_exception_lines_a_long_dump_pushes_out_of_the_tail():
-    from bench_update import failure
+def test_a_failed_childs_report_keeps_the_exception_lines_a_long_dump_pushes_out_of_the_tail():
+    from _common import failure_report
 
     dump = "\n".join(f"[rank0]:   InputBuffer(name='arg{i}_1', layout=FixedLayout('cuda:0'))" for i in range(2000))
     stderr = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
               "[rank0]: torch._inductor.exc.InductorError: LoweringException: AssertionError: strides differ\n"
               + dump + "\n[rank0]: Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace\n")
-    report = failure(stderr)
+    report = failure_report(stderr)
     assert "torch._inductor.exc.InductorError: LoweringException: AssertionError: strides differ" in report
     assert report.endswith("internal stack trace\n")  # the tail is still there
     assert len(report) < 4000
-    assert failure("plain text, no exception\n") == "plain text, no exception\n"
+    assert failure_report("plain text, no exception\n") == "plain text, no exception\n"
 
 
 def test_a_compiled_case_reports_its_warm_up_and_the_graphs_traced_before_and_during_the_timed_updates(tiny_model):

@@ -1,8 +1,9 @@
 """What the benchmarks share: this process's memory as Linux reports it, the times of repeated calls, and this
-machine's matmul rate, a free port for a process group."""
+machine's matmul rate, a free port for a process group, the report of a failed child process."""
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -50,3 +51,14 @@ def matmul_peak(dtype: str, size: int, repeats: int) -> float:
 
     a, b = (torch.randn(size, size).to(getattr(torch, dtype)) for _ in range(2))
     return 2 * size**3 / min(call_times(lambda: torch.matmul(a, b), repeats, warmup=1))
+
+
+EXCEPTION = re.compile(r"^(\[rank\d+\]:\s*)?([\w.]+(Error|Exception|Interrupt)\b.*)")
+
+
+def failure_report(stderr: str, tail: int = 3000) -> str:
+    """What a failed child process printed, shortened: the lines that name an exception (a compiler's dump can push
+    the traceback's last line out of any tail), then the tail."""
+    named = [m.group(2)[:300] for line in stderr.splitlines() if (m := EXCEPTION.match(line.strip()))]
+    head = "exceptions raised:\n" + "\n".join(named[-8:]) + "\n...\n" if named else ""
+    return head + stderr[-tail:]

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import status_mib
+from _common import failure_report, status_mib
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -246,7 +246,7 @@ def child(a: argparse.Namespace, framework: str, model: str, **overrides) -> dic
         cmd = [sys.executable, __file__, "--child", json.dumps(args), "--result", str(out)]
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
         if proc.returncode != 0:
-            sys.exit(f"{framework} on {model} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+            sys.exit(f"{framework} on {model} failed (exit {proc.returncode}):\n{failure_report(proc.stderr)}")
         return json.loads(out.read_text())
 
 

@@ -79,7 +79,6 @@ import gc
 import json
 import math
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -87,7 +86,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import free_port, matmul_peak, reset_peak, status_mib
+from _common import failure_report, free_port, matmul_peak, reset_peak, status_mib
 from update_profile import QWEN3
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -361,7 +360,7 @@ def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str
         out = subprocess.run([sys.executable, __file__, "--case", json.dumps(spec)], check=False, capture_output=True,
                              text=True, env={**os.environ, **env})
         if out.returncode:
-            sys.exit(f"{path} on {model} failed (exit {out.returncode}):\n{failure(out.stderr)}")
+            sys.exit(f"{path} on {model} failed (exit {out.returncode}):\n{failure_report(out.stderr)}")
         runs[purpose] = json.loads(out.stdout.strip().splitlines()[-1])
     runs.setdefault("memory", runs["time"])
     timed = runs["time"]["draws"]
@@ -375,17 +374,6 @@ def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str
         "seconds": statistics.median(d["seconds"] for d in timed),
         "tokens_s": sum(d["real"] for d in timed) / seconds, "flops_s": sum(d["flops"] for d in timed) / seconds,
         "computed_all": sum(d["computed"] for d in timed)}
-
-
-EXCEPTION = re.compile(r"^(\[rank\d+\]:\s*)?([\w.]+(Error|Exception|Interrupt)\b.*)")
-
-
-def failure(stderr: str, tail: int = 3000) -> str:
-    """What a failed case printed, shortened: the lines that name an exception (a compiler's dump can push the
-    traceback's last line out of any tail), then the tail."""
-    named = [m.group(2)[:300] for line in stderr.splitlines() if (m := EXCEPTION.match(line.strip()))]
-    head = "exceptions raised:\n" + "\n".join(named[-8:]) + "\n...\n" if named else ""
-    return head + stderr[-tail:]
 
 
 def row(cells: list) -> str:
