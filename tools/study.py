@@ -231,10 +231,11 @@ def verdict_rows(arm: dict[str, dict[str, float]], ttrl: dict[str, dict[str, flo
     return rows, bool(rows) and all(all(r[-1]) for r in rows)
 
 
-def verdict(scalars: dict[str, list[dict]], runs: dict[str, list[Path]], arm: str, tail: int) -> None:
-    """Study II's rule applied to ``arm`` against TTRL, seed by seed."""
-    numbers = {m: {d.name: run_numbers(s, tail) for d, s in zip(runs[m], scalars[m])} for m in (arm, "ttrl")}
-    rows, shown = verdict_rows(numbers[arm], numbers["ttrl"], tail)
+def verdict(numbers: dict[str, list[dict]], runs: dict[str, list[Path]], arm: str, tail: int) -> None:
+    """Study II's rule applied to ``arm`` against TTRL, seed by seed (``numbers``: each run's ``run_numbers``, in the
+    order of ``runs``)."""
+    by_seed = {m: {d.name: n for d, n in zip(runs[m], numbers[m])} for m in (arm, "ttrl")}
+    rows, shown = verdict_rows(by_seed[arm], by_seed["ttrl"], tail)
     mark = {True: "yes", False: "no"}
     print(f"Verdict rule (docs/study.md), {METHODS[arm][0]} against TTRL, seed by seed:\n"
           f"| seed | pass@16 | TTRL pass@16 | (1) >= TTRL + {RULE['pass@16 margin']} | entropy last {tail} | TTRL "
@@ -317,7 +318,7 @@ def summary(a: argparse.Namespace) -> None:
     per_run(scalars, runs, a.tail)
     print()
     if {"ttrl", "evol_until"} <= set(a.methods):
-        verdict(scalars, runs, "evol_until", a.tail)
+        verdict(numbers, runs, "evol_until", a.tail)
         print()
     evaluations(scalars, a.methods)
     print()
