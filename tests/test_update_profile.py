@@ -140,3 +140,22 @@ def test_kernel_calls_by_where_they_ran():
     assert sum(places.values()) == total, places
     assert places["backward of torch::autograd::AccumulateGrad"] == 2, places
     assert places["Square"] == 2 and places["backward of AddmmBackward0"] >= 2, places
+
+
+def test_gpu_idle_is_charged_to_the_innermost_cpu_event_of_the_gap():
+    """By hand, times in microseconds: kernels cover [0, 10] and [40, 50]; the CPU events span [0, 100]. The gap
+    [10, 40] (middle 25) falls inside `aten::item` inside `Optimizer.step` (a named region), the gap [50, 100] (middle 75)
+    inside no event but the outermost one, which ends at 70: no operator."""
+    from types import SimpleNamespace
+
+    from update_profile import NO_OPERATOR, idle_by_cpu
+
+    def event(name, start, end, parent=None):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end), cpu_parent=parent)
+
+    step = event("Optimizer.step", 0, 70)
+    inner = event("aten::item", 20, 35, step)
+    sync = event("cudaStreamSynchronize", 21, 34, inner)
+    idle = idle_by_cpu([(0, 10), (40, 50), (45, 48)], [step, inner, sync, event("late", 95, 100)], top=5)
+    assert idle["operator"] == [(NO_OPERATOR, 50e-6), ("cudaStreamSynchronize", 30e-6)]
+    assert idle["place"] == [(NO_OPERATOR, 50e-6), ("Optimizer.step", 30e-6)]

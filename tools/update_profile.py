@@ -6,6 +6,7 @@ launches the CPU made. The **GPU-busy fraction** is the time covered by at least
 intervals, overlaps counted once) over the update's wall time measured *without* the profiler (the profiler slows
 the CPU side that launches kernels, hardly the kernels themselves), capped at 1. **Launches** count the CUDA runtime
 and driver calls that start a kernel (``cudaLaunchKernel``, ``cuLaunchKernel`` and their variants) on the CPU side.
+**Where the GPU idles** (``idle_by_cpu``): each gap between kernels charged to the CPU event running at its middle.
 
 On a CPU (``cpu_kernel_calls``), the launch-count proxy: torch.profiler's events over one update, counting the
 **kernel calls**, each innermost event that computes: an aten operator that is neither a view (its result aliases an
@@ -119,7 +120,50 @@ def cuda_profile(run: Callable[[], None], wall_s: float, top: int) -> dict:
     kernels = [(e.name, e.time_range.start, e.time_range.end) for e in events  # not the GPU-side spans of
                if e.device_type == DeviceType.CUDA and not e.is_user_annotation]  # record_function ranges
     launches = sum(1 for e in events if e.device_type == DeviceType.CPU and e.name in LAUNCHES)
-    return kernel_summary(kernels, launches=launches, wall_s=wall_s, top=top)
+    summary = kernel_summary(kernels, launches=launches, wall_s=wall_s, top=top)
+    cpu = [e for e in events if e.device_type == DeviceType.CPU]
+    summary["idle"] = idle_by_cpu([(start, end) for _, start, end in kernels], cpu, top=top)
+    return summary
+
+
+NO_OPERATOR = "(no operator: Python between operators)"
+
+
+def idle_by_cpu(kernels: list[tuple[float, float]], cpu: list, top: int) -> dict[str, list[tuple[str, float]]]:
+    """Where the GPU waits on the CPU: every gap between kernels (``(start_us, end_us)``, overlaps merged) in the span
+    of the CPU events ``cpu`` (profiler events: ``name``, ``time_range``, ``cpu_parent``), charged to the innermost
+    CPU event running at the gap's middle (of any thread: the one that began last), by its name
+    (``"operator"``) and by :func:`call_place` (``"place"``), ``top`` of each as ``[(label, seconds)]``, most first;
+    a gap no event covers is charged to :data:`NO_OPERATOR`. Profiled, the CPU side runs slower than it does
+    unprofiled, so the seconds are shares of a slowed CPU side, to rank, not to add up to the update's idle time."""
+    if not cpu:
+        return {"operator": [], "place": []}
+    first, last = min(e.time_range.start for e in cpu), max(e.time_range.end for e in cpu)
+    gaps, reach = [], first
+    for start, end in sorted(kernels):
+        if start > reach:
+            gaps.append((reach, start))
+        reach = max(reach, end)
+    if last > reach:
+        gaps.append((reach, last))
+    spans = sorted(cpu, key=lambda e: e.time_range.start)
+    operator: dict[str, float] = defaultdict(float)
+    place: dict[str, float] = defaultdict(float)
+    open_, i = [], 0  # events begun before the current middle, in the order they began
+    for start, end in gaps:  # gaps in time order: an event that ended before one middle ended before the next
+        middle = (start + end) / 2
+        while i < len(spans) and spans[i].time_range.start <= middle:
+            open_.append(spans[i])
+            i += 1
+        while open_ and open_[-1].time_range.end < middle:
+            open_.pop()
+        inner = open_[-1] if open_ else None
+        seconds = (end - start) / 1e6
+        operator[inner.name if inner else NO_OPERATOR] += seconds
+        place[call_place(inner, itself=True) if inner else NO_OPERATOR] += seconds
+    def ranked(totals):
+        return sorted(totals.items(), key=lambda kv: -kv[1])[:top]
+    return {"operator": ranked(operator), "place": ranked(place)}
 
 
 NO_KERNEL = ("aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty", "aten::new_empty_strided",
@@ -192,12 +236,13 @@ COMPILED_GRAPH, COMPILED_REGION, BACKWARD = "## Call CompiledFxGraph", "Torch-Co
 breaks run eagerly), and the autograd engine running one node's backward."""
 
 
-def call_place(event) -> str:
+def call_place(event, itself: bool = False) -> str:
     """Where a kernel call ran, from the nearest enclosing event that says: inside a compiled graph; inside a compiled
     function but outside its graphs (a graph break); in the backward of an autograd node (named, e.g. the gradient
     accumulation into ``.grad`` or an eager operator's backward); inside a named region (a custom autograd function's
-    forward, the optimizer step); else among the eager operators of the update's own code."""
-    parent = event.cpu_parent
+    forward, the optimizer step); else among the eager operators of the update's own code. ``itself``: the event's own
+    name counts as an enclosing one."""
+    parent = event if itself else event.cpu_parent
     while parent is not None:
         name = parent.name
         if name.startswith(COMPILED_GRAPH):
@@ -206,7 +251,7 @@ def call_place(event) -> str:
             return "compiled functions, outside their graphs"
         if name.startswith(BACKWARD) or re.search(r"Backward\d*$", name):
             return "backward of " + name.removeprefix(BACKWARD)
-        if "::" not in name and not name.startswith("## "):
+        if "::" not in name and not name.startswith("## ") and not re.match(r"cuda?[A-Z]", name):  # not a runtime call
             return name
         parent = parent.cpu_parent
     return "eager operators"
@@ -220,6 +265,9 @@ def summary_lines(profiled: dict, top: int) -> list[str]:
              "| kernel | calls | s | of the busy time |", "| --- | --- | --- | --- |"]
     for name, calls, seconds, share in profiled["top"][:top]:
         lines.append(f"| {name[:90]} | {calls} | {seconds:.3f} | {share:.1%} |")
+    for key, what in (("operator", "innermost CPU event"), ("place", "where it ran")):
+        lines += ["", f"| GPU idle while the CPU ran: {what} | idle s (profiled) |", "| --- | --- |"]
+        lines += [f"| {label[:90]} | {seconds:.3f} |" for label, seconds in profiled.get("idle", {}).get(key, [])]
     return lines
 
 
