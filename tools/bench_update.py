@@ -16,7 +16,10 @@ On a GPU (``--device cuda``, the default where there is one) a case builds the p
 under ``ModelParallelStrategy`` does (FSDP2 over a mesh of the one device, bf16 all-gathers), times with the device
 synchronized, takes CUDA's allocated peak as the memory, prints MFU against the card's dense bf16 peak
 (``update_profile.card_peak``) and the measured peak beside ``tools/gpu_budget.py``'s estimate; ``--profile N`` then
-prints the GPU-busy fraction, kernel launches and top N kernels of one more update (``tools/update_profile.py``).
+prints the GPU-busy fraction, kernel launches, top N kernels, and what the CPU was doing while the GPU idled, of one
+more update on lengths one token longer than the first draw's (new shapes, as each training step brings;
+``tools/update_profile.py``). ``--sdpa torch``: packed passes' per-sequence attention in torch's backend order
+instead of evolrl's flash-first one (``sequencewise_attention.GPU_BACKENDS``).
 Models may be named Qwen3 shapes (``qwen3-0.6b``, ``qwen3-1.7b``, ``qwen3-4b``, ``qwen3-8b``: random weights, no
 download). On a CPU ``--profile`` counts the update's kernel calls (``update_profile.cpu_kernel_calls``: the proxy
 for the launch count, compiled code included) and, uncompiled, times its aten operators. ``--compile``: the blocks
@@ -106,7 +109,8 @@ capped at 12,288; mini-batches of 8; packed passes of at most 32,768 tokens), th
 QUICK = {"models": ["tiny"], "repeats": 1, "dists": ["heavy"], "sequences": 8, "mini_batch": 4, "micro_batch": 2, "budget": 256,
          "prompt": 12, "median": 24, "cap": 96, "check_longest": 64, "peak_size": 256, "peak_repeats": 3}
 CASE = ("prompt", "seed", "mini_batch", "micro_batch", "budget", "precision", "gradient_checkpointing", "kl_coef",
-        "entropy_coef", "temperature", "chunk", "threads", "device", "compiled", "flex", "optimizer")  # the settings a measurement takes from the command line
+        "entropy_coef", "temperature", "chunk", "threads", "device", "compiled", "flex", "optimizer",
+        "sdpa")  # the settings a measurement takes from the command line
 
 
 def responses(dist: str, n: int, median: float, sigma: float, cap: int, seed: int) -> list[int]:
@@ -161,14 +165,20 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
              micro_batch: int, budget: int, precision: str, gradient_checkpointing: bool, kl_coef: float,
              entropy_coef: float, temperature: float, chunk: int, threads: int, allocator: str, device: str = "cpu",
              warmup: list[int] | None = None, ceiling: bool = False, profile: int = 0, compiled: bool = False,
-             flex: bool = False, optimizer: str = "adamw") -> dict:
+             flex: bool = False, optimizer: str = "adamw", sdpa: str = "evolrl") -> dict:
     """One update per draw of sequence lengths, measured, in this (fresh) process. On ``cuda`` the policy and the
     reference are built as a run under ``ModelParallelStrategy`` builds them (FSDP2 over a mesh of this one device,
     bf16 all-gathers), peak memory is CUDA's allocated peak, and ``profile`` asks for the kernels
     (``update_profile.cuda_profile``) instead of the kernel calls and aten operators. ``compiled``:
     ``Batching.compile_blocks``; ``flex``: ``Batching.flex_attention`` (packed passes); ``optimizer``: the module's
-    AdamW or plain SGD (no state: a shape whose AdamW moments do not fit)."""
+    AdamW or plain SGD (no state: a shape whose AdamW moments do not fit); ``sdpa``: the sequence-wise attention's GPU
+    backend order, evolrl's (``sequencewise_attention.GPU_BACKENDS``) or torch's own (``torch``)."""
     import torch
+
+    from evolrl.training import sequencewise_attention
+
+    if sdpa == "torch":
+        sequencewise_attention.GPU_BACKENDS = None
 
     from evolrl.training.build import Dtypes, build_models
     from evolrl.training.optim import Optimization, build_optimizer, start_schedule
@@ -239,14 +249,19 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
         first = measured[0]
         out["block_mm"] = block_matmul_rate(policy, round(first["computed"] / first["passes"]),
                                             torch.bfloat16 if precision == "bf16-mixed" else torch.float32)
-    if profile:  # one more update on the first draw, profiled (not in the update's time)
+    if profile:  # one more update, profiled (not in the update's time)
+        # on a GPU, lengths one token longer than the first draw's: shapes no kernel has met, as every training step
+        # brings (what plans per shape pays here as in training, not only in the timed update), and the first draw's
+        # work within a token a sequence, so that draw's unprofiled time is the wall time for the busy fraction
+        lengths = [n + 1 for n in draws[0]] if cuda else draws[0]
+
         def again() -> None:
-            step(make_sequences(draws[0], prompt, vocab=vocab, seed=seed + 2))
+            step(make_sequences(lengths, prompt, vocab=vocab, seed=seed + 2))
 
         if cuda:
             from update_profile import cuda_profile, summary_lines
 
-            wall = measured[0]["seconds"]  # the profiled update's lengths are the first draw's
+            wall = measured[0]["seconds"]
             out["profile"] = "\n".join(summary_lines(cuda_profile(again, wall_s=wall, top=profile), top=profile))
         else:
             out["profile"] = kernel_call_lines(again, profile)
@@ -365,7 +380,8 @@ def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str
     runs.setdefault("memory", runs["time"])
     timed = runs["time"]["draws"]
     if "profile" in runs["time"]:
-        print(f"\nwhere the time goes, {path} on {model} (an extra update on draw 0, top {a.profile} operators):\n"
+        lengths = "draw 0's lengths + 1" if a.device == "cuda" else "draw 0"
+        print(f"\nwhere the time goes, {path} on {model} (an extra update on {lengths}, top {a.profile} operators):\n"
               + runs["time"]["profile"], flush=True)
     seconds = sum(d["seconds"] for d in timed)
     return runs["memory"]["draws"][0] | {
@@ -469,6 +485,8 @@ def main() -> None:
                    help="Batching.compile_blocks: each decoder block's forward through torch.compile")
     p.add_argument("--flex", action="store_true",
                    help="Batching.flex_attention: packed passes attend with one FlexAttention call per row (CUDA only)")
+    p.add_argument("--sdpa", default="evolrl", choices=["evolrl", "torch"],
+                   help="GPU: the per-sequence sdpa calls' backend order, evolrl's (flash first) or torch's own")
     p.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"],
                    help="the module's AdamW, or SGD without state (Qwen3-4B's AdamW moments do not fit one 80 GB GPU)")
     p.add_argument("--paths", nargs="+", default=["padded", "packed"], choices=["padded", "packed"])
@@ -505,7 +523,7 @@ def main() -> None:
           f"packed: budget {a.budget} tokens; prompt {a.prompt} tokens; {a.precision}, gradient checkpointing "
           f"{'on' if a.gradient_checkpointing else 'off'}, kl_coef {a.kl_coef} "
           f"({'with' if a.kl_coef > 0 else 'no'} reference pass), entropy_coef {a.entropy_coef}, temperature "
-          f"{a.temperature}; {'compiled blocks, ' if a.compiled else ''}{'flex attention, ' if a.flex else ''}{a.threads} threads, allocator {a.allocator}; "
+          f"{a.temperature}; {'compiled blocks, ' if a.compiled else ''}{'torch sdpa order, ' if a.sdpa == 'torch' else ''}{'flex attention, ' if a.flex else ''}{a.threads} threads, allocator {a.allocator}; "
           + (f"per case one fresh process (time: median of {a.repeats} updates on their own draws, after a warm-up "
              "update on another; peak: CUDA's allocated peak of the first draw)" if a.device == "cuda" else
              f"per case two fresh processes (time: median of {a.repeats} updates on their own draws, after a warm-up "

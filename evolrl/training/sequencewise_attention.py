@@ -16,13 +16,21 @@ block-diagonal mask once per forward (booleans, ``S²`` bytes); the attention la
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 SEQUENCEWISE_SDPA = "evolrl_sequencewise_sdpa"
+GPU_BACKENDS: list[SDPBackend] | None = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                                         SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
+"""The sdpa backends a packed row's per-sequence calls try on a GPU, in this order (``None``: torch's own order).
+Flash first: torch's order can pick cuDNN's attention, which builds an execution plan for every new sequence length,
+and a training step brings new lengths to every call (``tools/bench_sdpa.py`` times each backend on fresh lengths)."""
 
 
 class PackedLengths:
@@ -66,10 +74,12 @@ def _each_sequence(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
         raise ValueError(f"packed_lengths {lengths} need one row of {sum(lengths)} queries and keys (a pass without a "
                          f"KV cache); got queries {tuple(query.shape)}, keys {tuple(key.shape)}")
     kwargs["is_causal"] = True
-    if len(lengths) == 1:  # a row of one sequence: no split, no concatenation (forward and backward)
-        return sdpa_attention_forward(module, query, key, value, None, *args, **kwargs)[0]
-    parts = [sdpa_attention_forward(module, q, k, v, None, *args, **kwargs)[0]
-             for q, k, v in zip(*(x.split(lengths, dim=2) for x in (query, key, value)))]
+    backends = GPU_BACKENDS if query.is_cuda and GPU_BACKENDS is not None else None
+    with sdpa_kernel(backends, set_priority=True) if backends else nullcontext():
+        if len(lengths) == 1:  # a row of one sequence: no split, no concatenation (forward and backward)
+            return sdpa_attention_forward(module, query, key, value, None, *args, **kwargs)[0]
+        parts = [sdpa_attention_forward(module, q, k, v, None, *args, **kwargs)[0]
+                 for q, k, v in zip(*(x.split(lengths, dim=2) for x in (query, key, value)))]
     return torch.cat(parts, dim=1)
 
 
