@@ -192,3 +192,43 @@ def test_compiled_blocks_on_a_gpu_in_bf16(tiny_model):
         compile_blocks(model)
         compiled = logprobs_and_grads(model, packed_logprobs, seqs, "cuda")
     assert_same(compiled, eager, seqs.response_mask.cuda(), rtol=2e-2, scale=2e-2)
+
+
+def test_under_fsdp2_a_compiled_block_takes_its_modules_integers_as_constants(tiny_model, monkeypatch):
+    """FSDP2 makes a block's modules FSDP-managed, whose integer attributes dynamo would trace as symbols (the
+    attention's head width: a symbolic head count, which inductor's FlexAttention lowering fails on). Recorded
+    graphs of a packed forward under a one-process gloo mesh: no integer input comes from the module (``l_self_*``),
+    the lengths stay symbolic, and as many graphs are traced as with dynamo's default (``GUARDED`` undone), which
+    took the head width as an input."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from evolrl.training import compiled
+
+    plain_compile = torch.compile
+
+    def traced(guarded: bool) -> list:
+        graphs = []
+
+        def record(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        monkeypatch.setattr(torch, "compile", lambda fn, dynamic, options=None: plain_compile(fn, dynamic=dynamic,
+                                                                                             backend=record))
+        monkeypatch.setattr(compiled, "GUARDED", compiled.GUARDED if guarded else (lambda forward: forward))
+        torch._dynamo.reset()
+        with one_process_group("gloo"):
+            policy, _ = build_models(tiny_model, Dtypes.resolve("32-true", "float32"), with_reference=False,
+                                     mesh=init_device_mesh("cpu", (1,)), gradient_checkpointing=False, packed=True,
+                                     compiled=True)
+            with torch.no_grad():
+                packed_logprobs(policy, mixed_sequences(policy.config.vocab_size), temperature=1.0, chunk_size=16)
+        return [[n.name for n in gm.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("example_value"),
+                                                                                      torch.SymInt)]
+                for gm in graphs]
+
+    guarded, default = traced(True), traced(False)
+    assert len(guarded) == len(default) > 0
+    assert any(guarded)  # the row's length is a symbol
+    assert not [s for symbols in guarded for s in symbols if s.lower().startswith("l_self")], guarded
+    assert [s for symbols in default for s in symbols if s.lower().startswith("l_self")]  # what GUARDED changes

@@ -15,6 +15,12 @@ and backward; the matmuls stay library calls. Non-obvious decisions:
   :func:`compile_blocks` raises that limit to :data:`TRACES`; beyond it dynamo falls back to the uncompiled block.
 * The packed row's attention (``sequencewise_attention``, one sdpa call per sequence) is left out of the graph (a
   graph break): traced, it would be specialised on the tuple of sequence lengths and traced again for every pass.
+* Under FSDP2 a block's submodules are "FSDP-managed", and dynamo by default skips guards on such modules
+  (``skip_fsdp_guards``) and so traces their integer attributes as symbols: the attention's ``head_dim`` became a
+  symbol and the head count ``2048 // head_dim``, which FlexAttention's lowering in inductor cannot take (seen on an
+  H200) and which keeps the kernels from knowing the head width. Each compiled forward runs with those guards on
+  (:data:`GUARDED`): dynamo then treats the attributes as a plain module's, constants behind a guard, as without
+  FSDP2 (``tests/test_compiled.py`` reads the graphs; the same graph count either way).
 * Projections of the same input become one matmul (:func:`fuse_shared_input_linears`, a graph pass run before
   autograd's graph is made): q, k and v, gate and up. Their weights are concatenated inside the graph on every call
   (the parameters, their names and their sharding stay as they are), so the forward, the recomputation and both
@@ -47,13 +53,16 @@ def compile_blocks(model: nn.Module) -> nn.Module:
                          "decoder LM")
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, TRACES)
     for block in blocks:
-        block.forward = torch.compile(block.forward, dynamic=True,
-                                      options={"pre_grad_custom_pass": FUSE})
+        block.forward = GUARDED(torch.compile(block.forward, dynamic=True, options={"pre_grad_custom_pass": FUSE}))
     for name in ("norm", "rotary_emb"):  # the final norm, and the rotary tables every block reads: once per pass
         module = getattr(model.model, name, None)
         if isinstance(module, nn.Module):
-            module.forward = torch.compile(module.forward, dynamic=True)
+            module.forward = GUARDED(torch.compile(module.forward, dynamic=True))
     return model
+
+
+GUARDED = torch._dynamo.config.patch(skip_fsdp_guards=False)
+"""Around each compiled forward: dynamo guards FSDP-managed modules as plain ones while it traces (module docstring)."""
 
 
 LINEAR = (torch._C._nn.linear, torch.nn.functional.linear)
