@@ -45,6 +45,27 @@ def test_sequencewise_attention_on_a_gpu_equals_the_padded_path(tiny_model):
     assert_packed_equals_padded(model, "cuda")
 
 
+def test_the_gpu_backend_order_is_set_inside_and_restored_after(monkeypatch):
+    """What a packed row's per-sequence calls run under on a GPU (the flags are global, so readable on a CPU): flash
+    first, then memory-efficient, then cuDNN's, then math, in that priority (torch's own order on an H200 put cuDNN
+    first; on this CPU build it is flash, memory-efficient, math, cuDNN); a torch that cannot order backends (before 2.6) gets cuDNN's left
+    out instead; both undone on exit. The GPU test below checks the kernels that run."""
+    from torch.nn.attention import SDPBackend, _cur_sdpa_kernel_backends
+
+    from evolrl.training import sequencewise_attention as attention
+
+    before = (torch._C._get_sdp_priority_order(), _cur_sdpa_kernel_backends())
+    with attention._preferring(attention.GPU_BACKENDS):
+        order = [SDPBackend(b) for b in torch._C._get_sdp_priority_order()]
+        assert order[:4] == attention.GPU_BACKENDS == [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                                                       SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
+        assert set(_cur_sdpa_kernel_backends()) == set(attention.GPU_BACKENDS)
+    monkeypatch.setattr(attention, "ORDERED", False)
+    with attention._preferring(attention.GPU_BACKENDS):
+        assert not torch.backends.cuda.cudnn_sdp_enabled() and torch.backends.cuda.flash_sdp_enabled()
+    assert (torch._C._get_sdp_priority_order(), _cur_sdpa_kernel_backends()) == before
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_sequencewise_attention_on_a_gpu_runs_flash_not_cudnn(tiny_model):

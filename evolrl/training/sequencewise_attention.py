@@ -16,6 +16,7 @@ block-diagonal mask once per forward (booleans, ``S²`` bytes); the attention la
 
 from __future__ import annotations
 
+import inspect
 from contextlib import nullcontext
 
 import torch
@@ -30,7 +31,9 @@ GPU_BACKENDS: list[SDPBackend] | None = [SDPBackend.FLASH_ATTENTION, SDPBackend.
                                          SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
 """The sdpa backends a packed row's per-sequence calls try on a GPU, in this order (``None``: torch's own order).
 Flash first: torch's order can pick cuDNN's attention, which builds an execution plan for every new sequence length,
-and a training step brings new lengths to every call (``tools/bench_sdpa.py`` times each backend on fresh lengths)."""
+and a training step brings new lengths to every call (``tools/bench_sdpa.py`` times each backend on fresh lengths).
+A torch that cannot order backends (before 2.6) gets the list without cuDNN's."""
+ORDERED = "set_priority" in inspect.signature(sdpa_kernel).parameters
 
 
 class PackedLengths:
@@ -75,7 +78,7 @@ def _each_sequence(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
                          f"KV cache); got queries {tuple(query.shape)}, keys {tuple(key.shape)}")
     kwargs["is_causal"] = True
     backends = GPU_BACKENDS if query.is_cuda and GPU_BACKENDS is not None else None
-    with sdpa_kernel(backends, set_priority=True) if backends else nullcontext():
+    with _preferring(backends):
         if len(lengths) == 1:  # a row of one sequence: no split, no concatenation (forward and backward)
             return sdpa_attention_forward(module, query, key, value, None, *args, **kwargs)[0]
         parts = [sdpa_attention_forward(module, q, k, v, None, *args, **kwargs)[0]
@@ -97,3 +100,12 @@ def use_sequencewise_attention(model: nn.Module) -> None:
 def is_sequencewise(model: nn.Module) -> bool:
     """Whether ``model``'s packed passes should hand their sequence lengths to the attention layers."""
     return getattr(model.config, "_attn_implementation", None) == SEQUENCEWISE_SDPA
+
+
+def _preferring(backends: list[SDPBackend] | None):
+    """sdpa calls inside try ``backends`` in their order (none given: torch's own choice)."""
+    if not backends:
+        return nullcontext()
+    if ORDERED:
+        return sdpa_kernel(backends, set_priority=True)
+    return sdpa_kernel([b for b in backends if b != SDPBackend.CUDNN_ATTENTION])
