@@ -232,3 +232,28 @@ def test_under_fsdp2_a_compiled_block_takes_its_modules_integers_as_constants(ti
     assert any(guarded)  # the row's length is a symbol
     assert not [s for symbols in guarded for s in symbols if s.lower().startswith("l_self")], guarded
     assert [s for symbols in default for s in symbols if s.lower().startswith("l_self")]  # what GUARDED changes
+
+
+def test_a_checkpointed_training_pass_runs_its_blocks_compiled(tiny_model, monkeypatch):
+    """With gradient checkpointing a training pass's blocks run compiled, whichever transformers checkpoints them
+    (in ``__call__``, or, from about 5.20, in a wrapper around the class's ``forward``, which traced whole ran the
+    blocks eagerly: a graph break inside a checkpoint). Recorded graphs: one with a block's projection weights
+    among its inputs is traced with gradients on (the training pass; the checkpoint's recomputation calls it too)."""
+    traced = []
+
+    def record(gm, example_inputs):
+        names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+        traced.append((torch.is_grad_enabled(), any("q_proj" in name for name in names)))
+        return gm.forward
+
+    plain_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, dynamic, options=None: plain_compile(fn, dynamic=dynamic,
+                                                                                         backend=record))
+    torch._dynamo.reset()
+    policy, _ = build_models(tiny_model, Dtypes.resolve("32-true", "float32"), with_reference=False,
+                             gradient_checkpointing=True, packed=True, compiled=True)
+    policy.train()
+    logp, _ = packed_logprobs(policy, mixed_sequences(policy.config.vocab_size), temperature=1.0, chunk_size=16)
+    logp.sum().backward()
+    assert (True, True) in traced, traced
+    assert all(p.grad is not None for p in policy.parameters() if p.requires_grad)

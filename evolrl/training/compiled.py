@@ -7,7 +7,10 @@ and backward; the matmuls stay library calls. Non-obvious decisions:
 
 * The block's ``forward`` is replaced on the instance, not ``__call__``: the hooks around it (FSDP2's all-gather and
   reduce-scatter, gradient checkpointing's recomputation, which calls the block again) run outside the graph as they
-  do uncompiled, and the state dict keeps its keys.
+  do uncompiled, and the state dict keeps its keys. Where transformers checkpoints inside ``forward`` (a wrapper on
+  the layer class, from about 5.20) the compiled function is the layer's own ``forward`` beneath it, and the instance's
+  ``forward`` checkpoints around it as the wrapper did (:func:`own_forward`); traced whole, the checkpoint with the
+  attention's graph break inside would have run every training pass's blocks uncompiled.
 * ``dynamic=True``: a packed pass has a new row length every time; one trace with a symbolic length serves them all.
 * A block is traced again for each way a run calls it (grad mode on or off, the policy's float32 or the reference's
   bf16 weights, an input that requires grad or not, the first fixed then the symbolic lengths; each piece around a
@@ -31,6 +34,8 @@ from __future__ import annotations
 
 import operator
 from collections import defaultdict
+from functools import partial
+from types import MethodType
 
 import torch
 from torch import fx, nn
@@ -53,12 +58,38 @@ def compile_blocks(model: nn.Module) -> nn.Module:
                          "decoder LM")
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, TRACES)
     for block in blocks:
-        block.forward = GUARDED(torch.compile(block.forward, dynamic=True, options={"pre_grad_custom_pass": FUSE}))
+        forward, checkpointed = own_forward(block)
+        compiled = GUARDED(torch.compile(MethodType(forward, block), dynamic=True,
+                                         options={"pre_grad_custom_pass": FUSE}))
+        block.forward = partial(_checkpointing, block, compiled) if checkpointed else compiled
     for name in ("norm", "rotary_emb"):  # the final norm, and the rotary tables every block reads: once per pass
         module = getattr(model.model, name, None)
         if isinstance(module, nn.Module):
             module.forward = GUARDED(torch.compile(module.forward, dynamic=True))
     return model
+
+
+CHECKPOINTING = "forward_with_checkpointing"
+"""The code name of the wrapper transformers (from about 5.20) puts around a layer class's ``forward`` to checkpoint it
+(``GradientCheckpointingLayer``; earlier releases checkpoint in ``__call__``, outside ``forward``)."""
+
+
+def own_forward(block: nn.Module) -> tuple:
+    """The block class's ``forward`` beneath transformers' checkpointing wrappers (one per class in its lineage, FSDP2's
+    ``FSDP<Layer>`` included), and whether there was one: the wrapper stays outside the compiled graph (a checkpoint
+    traced with the attention's graph break inside it would run the whole block eagerly)."""
+    forward, wrapped = type(block).forward, False
+    while getattr(getattr(forward, "__code__", None), "co_name", None) == CHECKPOINTING:
+        forward, wrapped = forward.__wrapped__, True
+    return forward, wrapped
+
+
+def _checkpointing(block: nn.Module, compiled, *args, **kwargs):
+    """What transformers' wrapper does around ``forward``, around the compiled one: checkpoint it when the block is set
+    to (``gradient_checkpointing``), training and gradients are on; the tensors positional, as the wrapper passes them."""
+    if block.gradient_checkpointing and block.training and torch.is_grad_enabled():
+        return block._gradient_checkpointing_func(partial(compiled, **kwargs), *args)
+    return compiled(*args, **kwargs)
 
 
 GUARDED = torch._dynamo.config.patch(skip_fsdp_guards=False)
