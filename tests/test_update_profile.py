@@ -144,8 +144,9 @@ def test_kernel_calls_by_where_they_ran():
 
 def test_gpu_idle_is_charged_to_the_innermost_cpu_event_of_the_gap():
     """By hand, times in microseconds: kernels cover [0, 10] and [40, 50]; the CPU events span [0, 100]. The gap
-    [10, 40] (middle 25) falls inside `aten::item` inside `Optimizer.step` (a named region), the gap [50, 100] (middle 75)
-    inside no event but the outermost one, which ends at 70: no operator."""
+    [10, 40] (middle 25) falls inside `cudaStreamSynchronize` inside `aten::item` inside `Optimizer.step` (a named
+    region); the gap [50, 100] (middle 75) inside no event (`Optimizer.step` ended at 70): no operator. A second
+    thread's event that began earlier and is still open at 25 (`autograd`, [5, 30]) is not the innermost."""
     from types import SimpleNamespace
 
     from update_profile import NO_OPERATOR, idle_by_cpu
@@ -156,6 +157,8 @@ def test_gpu_idle_is_charged_to_the_innermost_cpu_event_of_the_gap():
     step = event("Optimizer.step", 0, 70)
     inner = event("aten::item", 20, 35, step)
     sync = event("cudaStreamSynchronize", 21, 34, inner)
-    idle = idle_by_cpu([(0, 10), (40, 50), (45, 48)], [step, inner, sync, event("late", 95, 100)], top=5)
+    other_thread = event("autograd", 5, 30)
+    idle = idle_by_cpu([(0, 10), (40, 50), (45, 48)], [sync, step, other_thread, inner, event("late", 95, 100)],
+                       top=5)
     assert idle["operator"] == [(NO_OPERATOR, 50e-6), ("cudaStreamSynchronize", 30e-6)]
     assert idle["place"] == [(NO_OPERATOR, 50e-6), ("Optimizer.step", 30e-6)]

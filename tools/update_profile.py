@@ -109,7 +109,8 @@ def kernel_summary(kernels: list[tuple[str, float, float]], launches: int, wall_
 
 def cuda_profile(run: Callable[[], None], wall_s: float, top: int) -> dict:
     """``run()`` (one update) under torch.profiler with CUDA activity: ``kernel_summary`` of what it launched, against
-    ``wall_s``, the same update's time without the profiler."""
+    ``wall_s``, the same update's time without the profiler, and under ``"idle"`` where the GPU waited
+    (:func:`idle_by_cpu`)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -146,7 +147,7 @@ def idle_by_cpu(kernels: list[tuple[float, float]], cpu: list, top: int) -> dict
         reach = max(reach, end)
     if last > reach:
         gaps.append((reach, last))
-    spans = sorted(cpu, key=lambda e: e.time_range.start)
+    spans = sorted(cpu, key=lambda e: (e.time_range.start, -e.time_range.end))  # a parent before a child it starts with
     operator: dict[str, float] = defaultdict(float)
     place: dict[str, float] = defaultdict(float)
     open_, i = [], 0  # events begun before the current middle, in the order they began
@@ -161,6 +162,7 @@ def idle_by_cpu(kernels: list[tuple[float, float]], cpu: list, top: int) -> dict
         seconds = (end - start) / 1e6
         operator[inner.name if inner else NO_OPERATOR] += seconds
         place[call_place(inner, itself=True) if inner else NO_OPERATOR] += seconds
+
     def ranked(totals):
         return sorted(totals.items(), key=lambda kv: -kv[1])[:top]
     return {"operator": ranked(operator), "place": ranked(place)}
