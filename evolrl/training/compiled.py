@@ -88,6 +88,8 @@ def _checkpointing(block: nn.Module, compiled, *args, **kwargs):
     """What transformers' wrapper does around ``forward``, around the compiled one: checkpoint it when the block is set
     to (``gradient_checkpointing``), training and gradients are on; the tensors positional, as the wrapper passes them."""
     if block.gradient_checkpointing and block.training and torch.is_grad_enabled():
+        if kwargs.get("use_cache"):  # as the wrapper: a cache written twice (pass and recomputation) would be wrong
+            kwargs["use_cache"] = False
         return block._gradient_checkpointing_func(partial(compiled, **kwargs), *args)
     return compiled(*args, **kwargs)
 
