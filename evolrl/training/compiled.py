@@ -20,7 +20,7 @@ and backward; the matmuls stay library calls. Non-obvious decisions:
   graph break): traced, it would be specialised on the tuple of sequence lengths and traced again for every pass.
 * Under FSDP2 a block's submodules are "FSDP-managed", and dynamo by default skips guards on such modules
   (``skip_fsdp_guards``) and so traces their integer attributes as symbols: the attention's ``head_dim`` became a
-  symbol and the head count ``2048 // head_dim``, which FlexAttention's lowering in inductor cannot take (seen on an
+  symbol and the head count ``2048 // head_dim`` (the 1.7B shape), which FlexAttention's lowering in inductor cannot take (seen on an
   H200) and which keeps the kernels from knowing the head width. Each compiled forward runs with those guards on
   (:data:`GUARDED`): dynamo then treats the attributes as a plain module's, constants behind a guard, as without
   FSDP2 (``tests/test_compiled.py`` reads the graphs; the same graph count either way).
