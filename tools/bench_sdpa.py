@@ -8,9 +8,9 @@ brings sequence lengths never seen before (as training does), against the same l
 (its default order, which on a Hopper GPU can pick cuDNN's attention); cuDNN's builds an execution plan for each new
 shape, which a step of new lengths pays on every sequence. Per backend (torch's default choice, ``flash``, ``cudnn``,
 ``efficient``), per draw of ``--sequences`` lengths (``--prompt`` + log-normal responses, median ``--median``, sigma 1,
-capped at ``--cap``; a new seed per draw, each backend's one token longer than the previous backend's, so new shapes
-for every backend and draw): forward + backward of every sequence, bf16, ``enable_gqa``,
-timed with the device synchronized; "fresh" is the first pass over a draw, "again" the second. Prints the medians over
+capped at ``--cap``: ``bench_update.responses``; a new seed per draw, each backend's one token longer than the
+previous backend's, so new shapes for every backend and draw): forward + backward of every sequence, bf16,
+``enable_gqa``, timed with the device synchronized; "fresh" is the first pass over a draw, "again" the second. Prints the medians over
 draws and each backend's fresh time over the fastest backend's (a ratio against a peer measured in the same run).
 """
 
@@ -23,16 +23,11 @@ import time
 
 import torch
 import torch.nn.functional as F
+from bench_update import responses
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 BACKENDS = {"default": None, "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION}
-
-
-def lengths(n: int, prompt: int, median: float, cap: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    responses = torch.exp(torch.randn(n, generator=g) + torch.log(torch.tensor(median))).clamp(1, cap)
-    return [prompt + int(r) for r in responses]
 
 
 def attend(sizes: list[int], heads: int, kv_heads: int, dim: int, backend) -> float:
@@ -71,7 +66,8 @@ def main() -> None:
         fresh, again = [], []
         for d in range(a.draws):
             # the same lengths for every backend but one token longer per backend: shapes no backend has seen
-            sizes = [n + list(BACKENDS).index(name) for n in lengths(a.sequences, a.prompt, a.median, a.cap, seed=d)]
+            draw = responses("heavy", a.sequences, median=a.median, sigma=1.0, cap=a.cap, seed=d)
+            sizes = [a.prompt + n + list(BACKENDS).index(name) for n in draw]
             try:
                 fresh.append(attend(sizes, a.heads, a.kv_heads, a.dim, backend))
                 again.append(attend(sizes, a.heads, a.kv_heads, a.dim, backend))
