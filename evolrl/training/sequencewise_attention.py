@@ -78,8 +78,7 @@ def _each_sequence(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
         raise ValueError(f"packed_lengths {lengths} need one row of {sum(lengths)} queries and keys (a pass without a "
                          f"KV cache); got queries {tuple(query.shape)}, keys {tuple(key.shape)}")
     kwargs["is_causal"] = True
-    backends = GPU_BACKENDS if query.is_cuda and GPU_BACKENDS is not None else None
-    with _preferring(backends):
+    with _preferring(GPU_BACKENDS if query.is_cuda else None):
         if len(lengths) == 1:  # a row of one sequence: no split, no concatenation (forward and backward)
             return sdpa_attention_forward(module, query, key, value, None, *args, **kwargs)[0]
         parts = [sdpa_attention_forward(module, q, k, v, None, *args, **kwargs)[0]
