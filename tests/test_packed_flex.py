@@ -89,6 +89,15 @@ def test_one_trace_serves_every_row(qwen3):
     assert counters["stats"]["unique_graphs"] <= 2  # the first row with fixed lengths, then one symbolic trace
 
 
+def test_torch_still_has_no_flex_attention_backward_on_a_cpu():
+    """Why ``check_flex`` refuses a CPU: the day torch gains the backward this fails, and the refusal can go."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q, k, v = (torch.randn(1, 2, 128, 16, requires_grad=True) for _ in range(3))
+    with pytest.raises(NotImplementedError, match="does not support backward on CPU"):
+        flex_attention(q, k, v)
+
+
 def test_flex_is_refused_where_it_cannot_train():
     with pytest.raises(SettingError, match=r"Batching\.flex_attention=True is not allowed: false on 'cpu'"):
         check_flex(torch.device("cpu"))
