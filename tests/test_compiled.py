@@ -194,6 +194,24 @@ def test_compiled_blocks_on_a_gpu_in_bf16(tiny_model):
     assert_same(compiled, eager, seqs.response_mask.cuda(), rtol=2e-2, scale=2e-2)
 
 
+PLAIN_COMPILE = torch.compile
+
+
+def recorded_graphs(monkeypatch) -> list:
+    """From here on (dynamo's caches reset) ``torch.compile`` hands each graph dynamo traces to the list returned, with
+    whether gradients were on as it traced, and runs the graph uncompiled (the blocks' compile options dropped)."""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append((gm, torch.is_grad_enabled()))
+        return gm.forward
+
+    monkeypatch.setattr(torch, "compile", lambda fn, dynamic, options=None: PLAIN_COMPILE(fn, dynamic=dynamic,
+                                                                                         backend=record))
+    torch._dynamo.reset()
+    return graphs
+
+
 def test_under_fsdp2_a_compiled_block_takes_its_modules_integers_as_constants(tiny_model, monkeypatch):
     """FSDP2 makes a block's modules FSDP-managed, whose integer attributes dynamo would trace as symbols (the
     attention's head width: a symbolic head count, which inductor's FlexAttention lowering fails on). Recorded
@@ -204,19 +222,9 @@ def test_under_fsdp2_a_compiled_block_takes_its_modules_integers_as_constants(ti
 
     from evolrl.training import compiled
 
-    plain_compile = torch.compile
-
     def traced(guarded: bool) -> list:
-        graphs = []
-
-        def record(gm, example_inputs):
-            graphs.append(gm)
-            return gm.forward
-
-        monkeypatch.setattr(torch, "compile", lambda fn, dynamic, options=None: plain_compile(fn, dynamic=dynamic,
-                                                                                             backend=record))
         monkeypatch.setattr(compiled, "GUARDED", compiled.GUARDED if guarded else (lambda forward: forward))
-        torch._dynamo.reset()
+        graphs = recorded_graphs(monkeypatch)
         with one_process_group("gloo"):
             policy, _ = build_models(tiny_model, Dtypes.resolve("32-true", "float32"), with_reference=False,
                                      mesh=init_device_mesh("cpu", (1,)), gradient_checkpointing=False, packed=True,
@@ -225,7 +233,7 @@ def test_under_fsdp2_a_compiled_block_takes_its_modules_integers_as_constants(ti
                 packed_logprobs(policy, mixed_sequences(policy.config.vocab_size), temperature=1.0, chunk_size=16)
         return [[n.name for n in gm.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("example_value"),
                                                                                       torch.SymInt)]
-                for gm in graphs]
+                for gm, _ in graphs]
 
     guarded, default = traced(True), traced(False)
     assert len(guarded) == len(default) > 0
@@ -239,21 +247,12 @@ def test_a_checkpointed_training_pass_runs_its_blocks_compiled(tiny_model, monke
     (in ``__call__``, or, from about 5.20, in a wrapper around the class's ``forward``, which traced whole ran the
     blocks eagerly: a graph break inside a checkpoint). Recorded graphs: one with a block's projection weights
     among its inputs is traced with gradients on (the training pass; the checkpoint's recomputation calls it too)."""
-    traced = []
-
-    def record(gm, example_inputs):
-        names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-        traced.append((torch.is_grad_enabled(), any("q_proj" in name for name in names)))
-        return gm.forward
-
-    plain_compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, dynamic, options=None: plain_compile(fn, dynamic=dynamic,
-                                                                                         backend=record))
-    torch._dynamo.reset()
+    graphs = recorded_graphs(monkeypatch)
     policy, _ = build_models(tiny_model, Dtypes.resolve("32-true", "float32"), with_reference=False,
                              gradient_checkpointing=True, packed=True, compiled=True)
     policy.train()
     logp, _ = packed_logprobs(policy, mixed_sequences(policy.config.vocab_size), temperature=1.0, chunk_size=16)
     logp.sum().backward()
+    traced = [(grad, any("q_proj" in n.name for n in gm.graph.nodes if n.op == "placeholder")) for gm, grad in graphs]
     assert (True, True) in traced, traced
     assert all(p.grad is not None for p in policy.parameters() if p.requires_grad)
