@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -26,6 +26,19 @@ class Prompt:
     """Ground truth when the source has it: for metrics and the RLVR baseline only."""
     source: str | None = None
     """Where the prompt came from (file or dataset name), for error messages and logs."""
+    row: int | None = None
+    """Its position among the source's rows (0-based), for error messages; ``None`` for generated prompts."""
+
+
+def unanswered(prompts: Sequence[Prompt], shown: int = 5) -> str | None:
+    """Which of ``prompts`` carry no ground-truth answer: how many, their sources and the first ``shown`` rows;
+    ``None`` when all do."""
+    missing = [p for p in prompts if p.answer is None]
+    if not missing:
+        return None
+    sources = ", ".join(dict.fromkeys(p.source or "an unnamed source" for p in missing))
+    first = ", ".join(f"row {p.row} (id {p.id!r})" if p.row is not None else f"id {p.id!r}" for p in missing[:shown])
+    return f"{len(missing)} of {len(prompts)} prompts have no answer, in {sources} (first: {first})"
 
 
 @dataclass(frozen=True)
@@ -107,6 +120,14 @@ class RolloutBatch:
         if any(g.truncated is None for g in self.groups):
             return None
         return torch.tensor([g.truncated for g in self.groups], dtype=torch.bool)
+
+
+@runtime_checkable
+class PromptProvider(Protocol):
+    """A data module that can list its training prompts, so that checks over all of them run before the first step
+    (``evolrl.data.RolloutDataModule``)."""
+
+    def training_prompts(self) -> Sequence[Prompt]: ...
 
 
 class RolloutSource(Protocol):

@@ -33,17 +33,83 @@ DATA_CASES = [
      "row 1: id '7' already used by row 0"),
     ("no rows", "none.json", "[]", "no rows"),
     ("unsupported format", "p.csv", "prompt\na\n", "unsupported file type '.csv'"),
+    ("JSONL that is not UTF-8", "latin.jsonl", b'{"prompt": "a"}\n{"prompt": "caf\xe9 \xff\xfe"}\n',
+     r"line 2 \(byte 31\): not UTF-8 text \(invalid continuation byte.*re-save the file"),
+    ("JSON that is not UTF-8", "latin.json", b'[{"prompt": "a"},\n {"prompt": "\xff\xfe"}]',
+     r"line 2 \(byte 31\): not UTF-8 text \(invalid start byte"),
 ]
 
 
 @pytest.mark.parametrize(("case", "name", "text", "message"), DATA_CASES, ids=[c[0] for c in DATA_CASES])
 def test_bad_data_files_name_the_file_row_and_field(tmp_path, case, name, text, message):
     path = tmp_path / name
-    if text is not None:
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    elif text is not None:
         path.write_text(text)
     with pytest.raises(DataError, match=message) as err:
         PromptFile(str(path)).load()
     assert name in str(err.value)
+
+
+def fit_on_file(tmp_path, monkeypatch, model: str, rows: bytes, name: str, reward: str) -> Path:
+    """``python -m evolrl fit`` on a prompt file for one step, a checkpoint after every step; the checkpoint folder."""
+    monkeypatch.setattr("sys.argv", ["evolrl"])
+    data = tmp_path / name
+    data.write_bytes(rows)
+    checkpoints = tmp_path / "checkpoints"
+    config = {
+        "trainer": {"accelerator": "cpu", "max_steps": 1, "logger": False, "enable_progress_bar": False,
+                    "enable_model_summary": False, "default_root_dir": str(tmp_path),
+                    "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                                   "init_args": {"dirpath": str(checkpoints), "every_n_train_steps": 1}}]},
+        "model": {"model": model, "reward": {"class_path": f"evolrl.rewards.{reward}"},
+                  "batching": {"mini_batch_size": 2, "micro_batch_size": 2}},
+        "data": {"train": {"class_path": "evolrl.data.PromptFile", "init_args": {"path": str(data)}},
+                 "engine": {"class_path": "evolrl.rollout.HFEngine"}, "prompts_per_step": 1, "vote_samples": 2,
+                 "trained_samples": 2, "sampling": {"max_new_tokens": 2}},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    main(["fit", "--config", str(path)])
+    return checkpoints
+
+
+def test_a_prompt_file_that_is_not_utf8_stops_fit_naming_the_file_and_line(tmp_path, monkeypatch, tiny_model):
+    rows = b"".join(json.dumps({"prompt": f"What is {i} + 1?", "answer": str(i + 1)}).encode() + b"\n"
+                    for i in range(3)) + b'{"prompt": "What is \xff\xfe?", "answer": "0"}\n'
+    with pytest.raises(DataError, match=r"prompts.jsonl, line 4 \(byte \d+\): not UTF-8 text") as err:
+        fit_on_file(tmp_path, monkeypatch, tiny_model, rows, "prompts.jsonl", reward="MajorityVoteReward")
+    assert str(tmp_path / "prompts.jsonl") in str(err.value)
+    assert not (tmp_path / "checkpoints").exists()  # stopped before the first step
+
+
+def test_a_verifier_reward_checks_every_training_row_for_an_answer_before_the_first_step(tmp_path, monkeypatch,
+                                                                                         tiny_model):
+    """40 rows, the last without an answer: a check per batch meets it only when the shuffle draws it (a one-step run
+    would train and exit 0); the check at start names the file, the row and how many."""
+    rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(39)] + [{"prompt": "What is 2 + 2?"}]
+    text = json.dumps(rows).encode()
+    with pytest.raises(DataError, match=r"VerifierReward needs a ground-truth answer for every training prompt: 1 of "
+                                        r"40 prompts have no answer, in .*prompts.json \(first: row 39 \(id '39'\)\)"):
+        fit_on_file(tmp_path, monkeypatch, tiny_model, text, "prompts.json", reward="VerifierReward")
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_label_free_rewards_train_on_prompts_without_answers(tmp_path, monkeypatch, tiny_model):
+    rows = json.dumps([{"prompt": f"What is {i} + 1?"} for i in range(4)]).encode()
+    checkpoints = fit_on_file(tmp_path, monkeypatch, tiny_model, rows, "prompts.json", reward="MajorityVoteReward")
+    assert [p.name for p in checkpoints.iterdir()] == ["epoch=0-step=1.ckpt"]
+
+
+def test_an_evaluation_set_without_answers_names_its_file_and_rows(tmp_path):
+    from evolrl.data import EvalSet
+
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps([{"prompt": "a", "answer": "1"}, {"prompt": "b"}, {"prompt": "c"}]))
+    with pytest.raises(DataError, match=r"evaluation set 'held_out': 2 of 3 prompts have no answer, in .*eval.json "
+                                        r"\(first: row 1 \(id '1'\), row 2 \(id '2'\)\)"):
+        EvalSet(PromptFile(str(path)), name="held_out").load()
 
 
 def test_prompts_over_the_length_limit_are_dropped_and_counted(tmp_path, tiny_model):

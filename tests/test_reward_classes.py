@@ -73,7 +73,7 @@ def test_verifier_reward_with_novelty_bands(minilm):
 
 
 def test_verifier_reward_without_ground_truth_names_the_prompt():
-    with pytest.raises(ValueError, match=r"'sum' \(from unknown source\)"):
+    with pytest.raises(ValueError, match=r"2 of 2 prompts have no answer, in an unnamed source \(first: id 'sum', id 'dozen'\)"):
         VerifierReward()(batch())
 
 

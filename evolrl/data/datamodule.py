@@ -146,6 +146,10 @@ class RolloutDataModule(L.LightningDataModule):
         longest_prompt = max(len(ids) for items in (self.train_items, *self.eval_items) for _, ids in items)
         self.rollouts.setup(self.tokenizer, longest_prompt, evaluates=bool(self.eval_sets), rank=rank)
 
+    def training_prompts(self) -> list[Prompt]:
+        """Every training prompt this run can draw (after ``setup``), in the source's order."""
+        return [p for p, _ in self.train_items]
+
     def _rank_and_world(self) -> tuple[int, int]:
         return (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
 

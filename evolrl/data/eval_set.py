@@ -5,7 +5,7 @@ from __future__ import annotations
 from evolrl.data.sources import DataError, PromptSource
 from evolrl.metrics.grading import Grader, MathGrader
 from evolrl.settings import require
-from evolrl.types import Prompt
+from evolrl.types import Prompt, unanswered
 
 
 class EvalSet:
@@ -32,8 +32,8 @@ class EvalSet:
 
     def load(self) -> list[Prompt]:
         prompts = self.source.load()
-        missing = [p.id for p in prompts if p.answer is None]
+        missing = unanswered(prompts)
         if missing:
-            raise DataError(f"evaluation set {self.name!r}: {len(missing)} problems without an answer "
-                            f"(first: {missing[0]!r}); evaluation needs ground truth")
+            raise DataError(f"evaluation set {self.name!r}: {missing}; evaluation needs ground truth (set "
+                            "answer_field to the field that holds it)")
         return prompts

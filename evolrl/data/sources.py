@@ -102,7 +102,8 @@ def rows_to_prompts(
                 f"{where}, row {index}: id {prompt_id!r} already used by row {seen[prompt_id]}; ids must be unique"
             )
         seen[prompt_id] = index
-        prompts.append(Prompt(prompt_id, question, answer=None if answer is None else str(answer), source=where))
+        prompts.append(Prompt(prompt_id, question, answer=None if answer is None else str(answer), source=where,
+                              row=index))
     if not prompts:
         raise DataError(f"{where}: no rows")
     return prompts
@@ -144,13 +145,13 @@ class PromptFile(PromptSource):
         suffix = path.suffix.lower()
         try:
             if suffix == ".json":
-                rows = json.loads(path.read_text())
+                rows = json.loads(self._text(path))
                 if not isinstance(rows, list):
                     raise DataError(f"{self.path}: expected a JSON array of objects, got {type(rows).__name__}")
                 return rows
             if suffix == ".jsonl":
                 rows = []
-                for number, line in enumerate(path.read_text().splitlines(), start=1):
+                for number, line in enumerate(self._text(path).splitlines(), start=1):
                     if line.strip():
                         try:
                             rows.append(json.loads(line))
@@ -166,6 +167,17 @@ class PromptFile(PromptSource):
         except OSError as err:
             raise DataError(f"{self.path}: cannot read ({err})") from err
         raise DataError(f"{self.path}: unsupported file type {suffix!r}; use .json, .jsonl or .parquet")
+
+    def _text(self, path: Path) -> str:
+        """The file decoded as UTF-8 (JSON's encoding, RFC 8259), whatever the locale says."""
+        data = path.read_bytes()
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            line = data.count(b"\n", 0, err.start) + 1
+            raise DataError(f"{self.path}, line {line} (byte {err.start}): not UTF-8 text ({err.reason}: "
+                            f"{data[err.start:err.end]!r}); JSON and JSONL files are read as UTF-8, so re-save "
+                            "the file in that encoding") from err
 
     def load(self) -> list[Prompt]:
         rows = self._rows()[: self.limit]

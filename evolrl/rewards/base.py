@@ -17,6 +17,10 @@ from evolrl.types import RewardOutput, RolloutBatch
 class Reward(ABC):
     """Scores every response of a rollout batch."""
 
+    needs_answers = False
+    """Whether it reads each prompt's ground truth: then ``fit`` checks every training prompt for one before the
+    first step (``EvolRLModule.setup``), where a check per batch would meet a bad row only when the shuffle does."""
+
     needs_policy = False
     """Whether the reward reads the policy: then the module calls it as ``reward(batch, policy=PolicySignal)``
     (``evolrl.rewards.policy_signal``)."""

@@ -9,7 +9,10 @@ from evolrl.rewards.answers import FallbackRule, ValidRule
 from evolrl.rewards.equivalence import answers_equivalent
 from evolrl.rewards.novelty_bands import NoveltyBands
 from evolrl.settings import require
-from evolrl.types import RewardOutput, RolloutBatch
+from evolrl.types import RewardOutput, RolloutBatch, unanswered
+
+ANSWER_HINT = ("Give those rows an answer (or set answer_field to the field that holds it), or train with a "
+               "label-free reward (EvolReward, MajorityVoteReward).")
 
 
 class VerifierReward(AnswerReward):
@@ -39,14 +42,12 @@ class VerifierReward(AnswerReward):
                 allowed="an evolrl.rewards.NoveltyBands, or null for the plain 0/1 verifier")
         self.bands = novelty
 
+    needs_answers = True
+
     def __call__(self, batch: RolloutBatch) -> RewardOutput:
-        missing = [p for p in batch.prompts if p.answer is None]
+        missing = unanswered(batch.prompts)
         if missing:
-            where = ", ".join(f"{p.id!r} (from {p.source or 'unknown source'})" for p in missing[:5])
-            raise ValueError(
-                f"VerifierReward needs a ground-truth answer for every prompt; missing for {where}. "
-                "Use a data file with an answer field, or a label-free reward (EvolReward, MajorityVoteReward)."
-            )
+            raise ValueError(f"VerifierReward needs a ground-truth answer for every prompt: {missing}. {ANSWER_HINT}")
         sheet = self.read(batch)
         correct = torch.tensor(
             [

@@ -37,7 +37,9 @@ import torch
 
 from evolrl.algorithms import MismatchCorrection
 from evolrl.callbacks import LabelFreeDiagnostics, PassAtK, PolicyStats, SampleLogger
+from evolrl.data.sources import DataError
 from evolrl.rewards import EvolReward, Reward
+from evolrl.rewards.verifier_reward import ANSWER_HINT
 from evolrl.settings import check_choice, require
 from evolrl.training.allocator import keep_freed_memory
 from evolrl.training.batching import Batching
@@ -52,7 +54,7 @@ from evolrl.training.packed_flex import check_flex
 from evolrl.training.packing import check_packing
 from evolrl.training.scoring import score
 from evolrl.training.update import GRPOUpdate
-from evolrl.types import EvalOutput, RolloutBatch, RolloutSource, StepOutput
+from evolrl.types import EvalOutput, PromptProvider, RolloutBatch, RolloutSource, StepOutput, unanswered
 
 
 class EvolRLModule(L.LightningModule):
@@ -133,6 +135,11 @@ class EvolRLModule(L.LightningModule):
                 "does not do)")
         if stage == "fit" and self.cpu_keep_freed_memory and self.trainer.strategy.root_device.type == "cpu":
             keep_freed_memory()
+        if stage == "fit" and self.reward.needs_answers and isinstance(self.trainer.datamodule, PromptProvider):
+            missing = unanswered(self.trainer.datamodule.training_prompts())
+            if missing:  # here, where a check per batch would meet the row whenever the shuffle reaches it
+                raise DataError(f"{type(self.reward).__name__} needs a ground-truth answer for every training prompt: "
+                                f"{missing}. {ANSWER_HINT}")
 
     def configure_model(self) -> None:
         if self.policy is not None:
