@@ -12,6 +12,7 @@ import functools
 import inspect
 import operator
 import os
+import sys
 import types
 import typing
 
@@ -24,9 +25,18 @@ from evolrl.data.datamodule import RolloutDataModule
 from evolrl.rollout.engine_sync import check_engine
 from evolrl.settings import SettingError
 from evolrl.training.module import EvolRLModule
+from evolrl.upgrade import moved_keys
 
 
 class EvolRLCLI(LightningCLI):
+    def parse_arguments(self, parser, args) -> None:
+        # A key that moved gets an error naming its new place (evolrl.upgrade), not jsonargparse's "not expected".
+        moved = moved_keys(sys.argv[1:] if args is None else args)
+        if moved:
+            parser.error("; ".join(f"{old} moved to {new}" for old, new in moved)
+                         + " (README.md, 'Upgrading': the table of moved keys)")
+        super().parse_arguments(parser, args)
+
     def add_arguments_to_parser(self, parser) -> None:
         # One model string for the policy and the tokenizer.
         parser.link_arguments("model.model", "data.model")

@@ -66,6 +66,8 @@ def test_the_defaults_and_the_saved_settings():
     loss = GRPOLoss()
     assert loss.aggregation == TokenMean() and loss.mismatch_correction is None
     plain = GRPOLoss(aggregation=SeqMeanTokenMean(), mismatch_correction=SequenceMask(high=2.5)).as_dict()
+    assert plain["policy_loss"] == {"class_path": "evolrl.algorithms.policy_loss.ClippedSurrogate",
+                                    "init_args": {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 3.0}}
     assert plain["aggregation"] == {"class_path": "evolrl.algorithms.aggregation.SeqMeanTokenMean", "init_args": {}}
     assert plain["mismatch_correction"] == {"class_path": "evolrl.algorithms.corrections.SequenceMask",
                                            "init_args": {"low": 0.0, "high": 2.5}}

@@ -2,7 +2,8 @@
 
 import torch
 
-from evolrl.algorithms import clipped_surrogate, group_advantages, logprobs_and_entropy, low_var_kl
+from evolrl.algorithms import clipped_surrogate, group_advantages, low_var_kl
+from evolrl.logprobs.from_logits import logprobs_and_entropy
 
 
 def test_logprobs_and_entropy_match_naive_values_and_gradients():
@@ -116,3 +117,19 @@ def test_low_var_kl():
     expected = (torch.exp(d) - d - 1).clamp(-10, 10)
     torch.testing.assert_close(low_var_kl(logp, ref), expected)
     assert low_var_kl(logp, ref)[0] == 0 and low_var_kl(logp, ref)[2] == 10
+
+
+def test_the_surrogate_and_advantage_settings_compute_what_the_functions_do():
+    """``model.loss.policy_loss`` (ClippedSurrogate) and ``model.advantages`` (GroupAdvantages) are the functions above
+    with their settings bound: bit-identical results."""
+    from evolrl.algorithms import ClippedSurrogate, GroupAdvantages
+
+    logp = torch.tensor([[-0.5, -2.0, -0.1], [-0.5, -2.0, 0.5]])
+    old, adv, mask = torch.full((2, 3), -1.0), torch.tensor([[1.0], [-1.0]]), torch.ones(2, 3, dtype=torch.bool)
+    for settings in ({}, {"clip_low": 0.1, "clip_high": 0.5, "dual_clip": None}):
+        loss, masks = ClippedSurrogate(**settings)(logp, old, adv, mask)
+        expected, expected_masks = clipped_surrogate(logp, old, adv, **settings)
+        assert torch.equal(loss, expected) and masks.keys() == expected_masks.keys()
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5]])
+    for scale in (True, False):
+        assert torch.equal(GroupAdvantages(scale)(rewards), group_advantages(rewards, scale_by_std=scale))

@@ -9,7 +9,7 @@ import pytest
 
 SCRIPT = """
 import sys, torch
-from evolrl.training.allocator import keep_freed_memory
+from evolrl.logprobs.allocator import keep_freed_memory
 
 def rss_mib():
     return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS:")).split()[1]) / 1024

@@ -4,7 +4,8 @@
 import pytest
 import torch
 
-from evolrl.algorithms import head_logprobs_and_entropy, logprobs_and_entropy
+from evolrl.logprobs.chunked_head import head_logprobs_and_entropy
+from evolrl.logprobs.from_logits import logprobs_and_entropy
 
 N, L, H, V = 3, 5, 6, 11  # 15 rows: chunk 4 straddles sequences and leaves a short last chunk, 5 divides, 64 is one
 
@@ -164,8 +165,8 @@ def test_no_grad_and_bad_chunk():
 @pytest.mark.parametrize("chunk_size", [1, 5, 64])
 def test_token_stats_are_the_log_probs_the_entropy_and_the_vocabulary_mean(chunk_size):
     """What a reward that reads the policy gets (no gradients), from the fused head and from the logits alike."""
-    from evolrl.algorithms.chunked_head import head_token_stats
-    from evolrl.algorithms.logprobs import token_stats
+    from evolrl.logprobs.chunked_head import head_token_stats
+    from evolrl.logprobs.from_logits import token_stats
 
     g = torch.Generator().manual_seed(0)
     hidden, weight = torch.randn(2, 7, 16, generator=g), torch.randn(50, 16, generator=g)
@@ -198,7 +199,7 @@ def test_compiled_chunks_give_the_eager_numbers(autocast):
     one bf16 rounding (2**-8 relative) with a factor two of margin."""
     from torch._dynamo.utils import counters
 
-    from evolrl.algorithms.chunked_head import head_token_stats
+    from evolrl.logprobs.chunked_head import head_token_stats
 
     torch._dynamo.reset()
     counters.clear()

@@ -1,4 +1,4 @@
-"""Batching.compile_blocks: each decoder block's forward through torch.compile (evolrl/training/compiled.py).
+"""Batching.compile_blocks: each decoder block's forward through torch.compile (evolrl/logprobs/compiled.py).
 
 The compiled blocks must give the uncompiled log-probs, entropies and gradients (float32: inductor's fused kernels
 sum in another order, so equal to ~1e-6 of each tensor's scale, not bit for bit), serve packed passes of any number
@@ -14,15 +14,15 @@ from helpers import fit, mixed_sequences, one_process_group
 from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM
 
+from evolrl.logprobs.compiled import check_compiler, compile_blocks
+from evolrl.logprobs.forward import sequence_logprobs
+from evolrl.logprobs.packing import packed_logprobs
+from evolrl.logprobs.sequences import Sequences
+from evolrl.logprobs.sequencewise_attention import SEQUENCEWISE_SDPA
 from evolrl.rollout import Sampling
 from evolrl.settings import SettingError
 from evolrl.training import Batching, GRPOLoss, GRPOUpdate
 from evolrl.training.build import Dtypes, build_models
-from evolrl.training.compiled import check_compiler, compile_blocks
-from evolrl.training.forward import sequence_logprobs
-from evolrl.training.packing import packed_logprobs
-from evolrl.training.sequences import Sequences
-from evolrl.training.sequencewise_attention import SEQUENCEWISE_SDPA
 
 pytestmark = pytest.mark.slow  # compiling a block takes ~10-30 s on 2 cores
 
@@ -220,7 +220,7 @@ def test_under_fsdp2_a_compiled_block_takes_its_modules_integers_as_constants(ti
     took the head width as an input."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from evolrl.training import compiled
+    from evolrl.logprobs import compiled
 
     def traced(guarded: bool) -> list:
         monkeypatch.setattr(compiled, "GUARDED", compiled.GUARDED if guarded else (lambda forward: forward))

@@ -7,10 +7,10 @@ import torch
 from helpers import mixed_sequences
 from torch import nn
 
+from evolrl.logprobs.forward import check_fused_head, sequence_logprobs
+from evolrl.logprobs.packing import packed_logprobs
 from evolrl.models import load_policy
 from evolrl.settings import SettingError
-from evolrl.training.forward import check_fused_head, sequence_logprobs
-from evolrl.training.packing import packed_logprobs
 
 
 def tiny_llama(tied: bool, vocab: int = 300):

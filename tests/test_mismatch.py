@@ -15,10 +15,10 @@ from helpers import mixed_sequences, run_update
 
 from evolrl.algorithms import SeqMeanTokenMean, SequenceMask, TokenMean, TokenTruncate, mismatch_summary, mismatch_sums
 from evolrl.algorithms.mismatch import SUMS
+from evolrl.logprobs.forward import sequence_logprobs
+from evolrl.logprobs.sequences import Sequences, trained_sequences
 from evolrl.models import load_policy
 from evolrl.training import Batching
-from evolrl.training.forward import sequence_logprobs
-from evolrl.training.sequences import Sequences, trained_sequences
 from evolrl.training.update import GRPOLoss, GRPOUpdate
 from evolrl.types import Prompt, ResponseGroup, RolloutBatch
 

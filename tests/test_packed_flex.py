@@ -13,12 +13,12 @@ from helpers import tied_qwen3
 from torch.nn.attention.flex_attention import create_block_mask
 from transformers import AutoModelForCausalLM
 
+from evolrl.logprobs.packed_flex import PACKED_FLEX, check_flex, document_block_mask, use_packed_flex
+from evolrl.logprobs.packing import check_packing, packed_logprobs
+from evolrl.logprobs.sequences import Sequences
+from evolrl.logprobs.sequencewise_attention import SEQUENCEWISE_SDPA
 from evolrl.settings import SettingError
 from evolrl.training import Batching
-from evolrl.training.packed_flex import PACKED_FLEX, check_flex, document_block_mask, use_packed_flex
-from evolrl.training.packing import check_packing, packed_logprobs
-from evolrl.training.sequences import Sequences
-from evolrl.training.sequencewise_attention import SEQUENCEWISE_SDPA
 
 ROWS = [[300], [100, 60], [130, 70, 20, 200], [1, 128, 127, 129, 5]]
 """Sequence lengths of packed rows: one sequence, boundaries inside and on the 128-token blocks, one-token ones."""
@@ -113,7 +113,7 @@ def test_flex_is_refused_where_it_cannot_train():
 def test_flex_on_a_gpu_trains_as_the_sequencewise_path(qwen3, compiled_blocks):
     """Forward and backward on CUDA under bf16 autocast, compiled (flex alone, or inside compiled blocks): the
     log-probs and every gradient of the sequence-wise path, up to bf16 rounding (2^-8 relative per operation)."""
-    from evolrl.training.compiled import compile_blocks
+    from evolrl.logprobs.compiled import compile_blocks
 
     results = []
     for attention in (SEQUENCEWISE_SDPA, PACKED_FLEX):
@@ -141,7 +141,7 @@ def test_flex_in_compiled_blocks_without_gradients_gives_the_sequencewise_log_pr
     bf16), rows of new lengths: flex's no-gradient call, whose compile failed on an H200 at the 1.7B shape before it
     asked for the log-sum-exp (packed_flex's docstring). The log-probs of the sequence-wise path, up to bf16
     rounding (as the training test's tolerance)."""
-    from evolrl.training.compiled import compile_blocks
+    from evolrl.logprobs.compiled import compile_blocks
 
     results = []
     for attention in (SEQUENCEWISE_SDPA, PACKED_FLEX):

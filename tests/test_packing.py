@@ -12,15 +12,15 @@ from helpers import LENGTHS, fit, mixed_sequences, run_update
 from torch import nn
 
 from evolrl.algorithms import SeqMeanTokenMean, TokenMean
+from evolrl.logprobs.forward import sequence_logprobs
+from evolrl.logprobs.packing import check_packing, packed_logprobs
+from evolrl.logprobs.sequences import Sequences
+from evolrl.logprobs.sequencewise_attention import SEQUENCEWISE_SDPA, use_sequencewise_attention
 from evolrl.models import load_policy
 from evolrl.rollout import Sampling
 from evolrl.settings import SettingError
 from evolrl.training import Batching, EvolRLModule, GRPOLoss, GRPOUpdate
-from evolrl.training.forward import sequence_logprobs
-from evolrl.training.packing import check_packing, packed_logprobs
 from evolrl.training.plan import lockstep, micro_batch_plan, pass_tokens, token_budget_plan
-from evolrl.training.sequences import Sequences
-from evolrl.training.sequencewise_attention import SEQUENCEWISE_SDPA, use_sequencewise_attention
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_the_gpu_backend_order_is_set_inside_and_restored_after(monkeypatch):
     out instead; both undone on exit. The GPU test below checks the kernels that run."""
     from torch.nn.attention import SDPBackend, _cur_sdpa_kernel_backends
 
-    from evolrl.training import sequencewise_attention as attention
+    from evolrl.logprobs import sequencewise_attention as attention
 
     before = (torch._C._get_sdp_priority_order(), _cur_sdpa_kernel_backends())
     with attention._preferring(attention.GPU_BACKENDS):
@@ -210,7 +210,7 @@ def test_sequencewise_attention_under_autocast_casts_each_row_once_with_the_same
     from torch.profiler import ProfilerActivity, profile
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from evolrl.training.sequencewise_attention import PackedLengths, sequencewise_sdpa
+    from evolrl.logprobs.sequencewise_attention import PackedLengths, sequencewise_sdpa
 
     module = SimpleNamespace(is_causal=True, num_key_value_groups=1, training=False)
     lengths = [3, 5, 2]
@@ -409,7 +409,7 @@ def test_the_row_lengths_are_not_moved_with_a_forwards_arguments():
     layer would wait for the device to read them back. The meta device stands in for the GPU here."""
     from torch.distributed.utils import _to_kwargs
 
-    from evolrl.training.sequencewise_attention import PackedLengths
+    from evolrl.logprobs.sequencewise_attention import PackedLengths
 
     packed = PackedLengths(torch.tensor([3, 5, 2]).tolist())
     _, (kwargs,) = _to_kwargs((), {"packed_lengths": packed, "input_ids": torch.zeros(1, 10)}, torch.device("meta"),

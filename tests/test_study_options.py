@@ -98,7 +98,7 @@ def test_the_study_ii_arms_differ_only_where_the_preregistration_says():
         reward = config["reward"]
         novelty = (reward["init_args"].get("novelty") or {}).get("init_args", {}).get("novelty_text")
         return {"reward": reward["class_path"].rsplit(".", 1)[1], "novelty_text": novelty,
-                "clip": (config["loss"]["clip_low"], config["loss"]["clip_high"]),
+                "clip": tuple(config["loss"]["policy_loss"]["init_args"][k] for k in ("clip_low", "clip_high")),
                 "entropy_coef": config["loss"]["entropy_coef"]}
 
     arms = {m: resolved(m) for m in ("ttrl", "ttrl_clip_entropy", "evol", "evol_until")}

@@ -6,6 +6,7 @@ import pytest
 import torch
 from helpers import short_sequences
 
+from evolrl.algorithms import ClippedSurrogate
 from evolrl.models import load_policy
 from evolrl.training import Batching
 from evolrl.training.update import GRPOLoss, GRPOUpdate
@@ -91,7 +92,7 @@ def loss_inputs(seed: int = 0):
 
 def test_an_entropy_coefficient_of_zero_leaves_the_entropy_out_of_the_gradient():
     """Reported, not differentiated: the fused head then skips the entropy's term of its backward (TTRL's loss)."""
-    from evolrl.training.update import pass_loss
+    from evolrl.training.loss import pass_loss
 
     for coef in (0.0, 0.01):
         inputs = loss_inputs()
@@ -103,16 +104,16 @@ def test_an_entropy_coefficient_of_zero_leaves_the_entropy_out_of_the_gradient()
 
 @pytest.mark.slow  # compiling the loss: ~10-20 s a variant on 2 cores
 def test_the_compiled_loss_gives_the_eager_loss_and_gradients():
-    """``Batching.compile_blocks`` compiles the pass's loss (``update._loss_of``): its value, terms and gradients
+    """``Batching.compile_blocks`` compiles the pass's loss (``loss._loss_of``): its value, terms and gradients
     equal the eager ones up to float32 round-off (fused reductions sum in another order: 1e-6 relative), with and
     without the KL, the mismatch weights and the entropy bonus."""
     from torch._dynamo.utils import counters
 
-    from evolrl.training.update import _loss_of
+    from evolrl.training.loss import _loss_of
 
     torch._dynamo.reset()
     counters.clear()
-    for cfg, drop in ((GRPOLoss(), ()), (GRPOLoss(entropy_coef=0.0, dual_clip=None), ("ref", "weights"))):
+    for cfg, drop in ((GRPOLoss(), ()), (GRPOLoss(ClippedSurrogate(dual_clip=None), entropy_coef=0.0), ("ref", "weights"))):
         results = []
         for compiled in (True, False):
             inputs = loss_inputs() | {k: None for k in drop}

@@ -6,9 +6,9 @@
 For each length and chunk size, fresh CPU processes run one step of ``loss = sum(a * logp + b * entropy)``,
 ``loss.backward()`` with respect to the final hidden states and the head's weight, by two paths:
 
-* ``full``: ``logits = hidden @ weight.T`` (``[L, V]``), then ``logprobs_and_entropy`` (evolrl.algorithms.logprobs),
-  which is what ``training/forward.py`` does with the model's logits today;
-* ``chunked``: ``head_logprobs_and_entropy`` (evolrl.algorithms.chunked_head), never more than a chunk of logits.
+* ``full``: ``logits = hidden @ weight.T`` (``[L, V]``), then ``logprobs_and_entropy`` (evolrl.logprobs.from_logits),
+  which is what ``logprobs/forward.py`` does with the model's logits today;
+* ``chunked``: ``head_logprobs_and_entropy`` (evolrl.logprobs.chunked_head), never more than a chunk of logits.
 
 Memory is the process's resident-set high-water mark (``VmHWM``) minus its resident set just before the step, the
 inputs already built: torch has no CPU allocator statistics and ``tracemalloc`` does not see its buffers. The
@@ -33,7 +33,8 @@ def run_case(path: str, length: int, vocab: int, width: int, chunk: int, dtype: 
     """One case, in this (fresh) process: ``{"peak_mib", "seconds"}``."""
     import torch
 
-    from evolrl.algorithms import head_logprobs_and_entropy, logprobs_and_entropy
+    from evolrl.logprobs.chunked_head import head_logprobs_and_entropy
+    from evolrl.logprobs.from_logits import logprobs_and_entropy
 
     torch.manual_seed(0)
     dt = getattr(torch, dtype)

@@ -4,7 +4,7 @@ brings sequence lengths never seen before (as training does), against the same l
     python tools/bench_sdpa.py                     # Qwen3-1.7B's attention shape, 16 sequences, 3 fresh draws
     python tools/bench_sdpa.py --heads 32 --kv-heads 8 --draws 5
 
-``evolrl/training/sequencewise_attention.py`` attends one sequence at a time. torch picks an sdpa backend per call
+``evolrl/logprobs/sequencewise_attention.py`` attends one sequence at a time. torch picks an sdpa backend per call
 (its default order, which on a Hopper GPU can pick cuDNN's attention); cuDNN's builds an execution plan for each new
 shape, which a step of new lengths pays on every sequence. Per backend (torch's default choice, ``flash``, ``cudnn``,
 ``efficient``), per draw of ``--sequences`` lengths (``--prompt`` + log-normal responses, median ``--median``, sigma 1,

@@ -46,7 +46,7 @@ and its pages touched, as in any training step after the first), ``--repeats`` u
 lengths from the distribution (seeds ``--seed``, ``--seed`` + 1, ...; new shapes every time, as in training, so
 kernel selection for a new shape is part of it), their median, with tokens/s and FLOP/s over all of them; under the
 allocator as the trainer sets it on a CPU (``--allocator
-trainer``, ``evolrl/training/allocator.py``: freed buffers kept for reuse) or glibc's default (``--allocator
+trainer``, ``evolrl/logprobs/allocator.py``: freed buffers kept for reuse) or glibc's default (``--allocator
 default``). Peak memory, from the other process: VmHWM during that update (reset just before it through
 /proc/self/clear_refs), after a warm-up update on two short sequences (prompt + 16 tokens: AdamW state allocated),
 as is ("abs") and minus the resident set just before it ("update"), with
@@ -131,7 +131,7 @@ def make_sequences(lengths: list[int], prompt: int, vocab: int, seed: int):
     """Right-padded random sequences of ``lengths`` tokens, the first ``prompt`` of each the prompt."""
     import torch
 
-    from evolrl.training.sequences import Sequences
+    from evolrl.logprobs.sequences import Sequences
 
     g = torch.Generator().manual_seed(seed)
     length = torch.tensor(lengths)
@@ -175,7 +175,7 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
     backend order, evolrl's (``sequencewise_attention.GPU_BACKENDS``) or torch's own (``torch``)."""
     import torch
 
-    from evolrl.training import sequencewise_attention
+    from evolrl.logprobs import sequencewise_attention
 
     if sdpa == "torch":
         sequencewise_attention.GPU_BACKENDS = None
@@ -192,7 +192,7 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
 
         torch._inductor.config.cpp.enable_kernel_profile = True
     if allocator == "trainer" and not cuda:
-        from evolrl.training.allocator import keep_freed_memory
+        from evolrl.logprobs.allocator import keep_freed_memory
 
         keep_freed_memory()
     packed = path == "packed"
@@ -504,8 +504,8 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if a.flex:
+        from evolrl.logprobs.packed_flex import check_flex
         from evolrl.settings import SettingError
-        from evolrl.training.packed_flex import check_flex
 
         try:
             check_flex(torch.device(a.device), key="--flex")

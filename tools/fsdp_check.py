@@ -53,6 +53,8 @@ from evolrl.algorithms import SequenceMask, TokenTruncate
 from evolrl.callbacks import PassAtK
 from evolrl.data import AdditionPrompts, EvalSet, RolloutDataModule
 from evolrl.distributed import ModelParallelStrategy
+from evolrl.logprobs.forward import sequence_logprobs
+from evolrl.logprobs.sequences import Sequences
 from evolrl.models import load_policy
 from evolrl.rewards import MajorityVoteReward
 from evolrl.rollout import HFEngine, Sampling, VLLMEngine
@@ -60,8 +62,6 @@ from evolrl.rollout.check import sampler_logprob_gap
 from evolrl.rollout.engine import build_group
 from evolrl.rollout.vllm_engine import full_state_dict
 from evolrl.training import Batching, EvolRLModule, GRPOLoss, Optimization
-from evolrl.training.forward import sequence_logprobs
-from evolrl.training.sequences import Sequences
 
 CORRECTIONS = {correction.name: correction for correction in (TokenTruncate, SequenceMask)}
 

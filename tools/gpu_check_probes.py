@@ -40,8 +40,8 @@ def kl_at_positions(model_dir: Path, length: int, bands: list[tuple[int, int]], 
     rotary dtype. ``reference``: a function of the policy that makes the reference; default the project's own
     (``build_models``)."""
     from evolrl.algorithms.kl import low_var_kl
+    from evolrl.logprobs.forward import sequence_logprobs
     from evolrl.training.build import Dtypes, build_models
-    from evolrl.training.forward import sequence_logprobs
 
     policy, built = build_models(str(model_dir), Dtypes.resolve("bf16-mixed", "float32"), with_reference=True)
     ref = (reference(policy) if reference is not None else built).to(device)

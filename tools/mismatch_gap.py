@@ -28,10 +28,10 @@ import torch
 
 from evolrl.algorithms import SequenceMask, TokenTruncate, mismatch_summary
 from evolrl.cli import main as cli_main
+from evolrl.logprobs.sequences import trained_sequences
 from evolrl.training import GRPOLoss
 from evolrl.training.build import Dtypes, build_models
 from evolrl.training.scoring import PAD_ID
-from evolrl.training.sequences import trained_sequences
 from evolrl.types import RolloutBatch
 
 DEMO = Path(__file__).parent.parent / "configs" / "demo.yaml"

@@ -1,21 +1,20 @@
-"""GRPO's math as plain torch functions and small strategy classes: log-probs and entropy, advantages, surrogate, KL,
-aggregation (:class:`TokenMean`, :class:`SeqMeanTokenMean`), the sampler/trainer mismatch and its corrections
-(:class:`TokenTruncate`, :class:`SequenceMask`).
+"""GRPO's math as plain torch functions and small strategy classes: advantages (:class:`GroupAdvantages`), the
+policy-gradient surrogate (:class:`ClippedSurrogate`), KL, aggregation (:class:`TokenMean`,
+:class:`SeqMeanTokenMean`), the sampler/trainer mismatch and its corrections (:class:`TokenTruncate`,
+:class:`SequenceMask`).
 
-No Lightning, no model code: tensors in, tensors out. Token tensors are
-``[N, L]`` with ``N = P * G`` sequences in group-major order. The classes are what ``model.loss.aggregation`` and
-``model.loss.mismatch_correction`` choose by ``class_path``.
+No Lightning, no model code: tensors in, tensors out. Token tensors are ``[N, L]`` with ``N = P * G`` sequences in
+group-major order. The classes are what ``model.advantages``, ``model.loss.policy_loss``, ``model.loss.aggregation``
+and ``model.loss.mismatch_correction`` choose by ``class_path``.
 """
 
-from evolrl.algorithms.advantages import group_advantages
+from evolrl.algorithms.advantages import GroupAdvantages, group_advantages
 from evolrl.algorithms.aggregation import Aggregation, SeqMeanTokenMean, TokenMean
-from evolrl.algorithms.chunked_head import head_logprobs_and_entropy
 from evolrl.algorithms.corrections import MismatchCorrection, SequenceMask, TokenTruncate
 from evolrl.algorithms.kl import low_var_kl
-from evolrl.algorithms.logprobs import logprobs_and_entropy
 from evolrl.algorithms.mismatch import mismatch_summary, mismatch_sums
-from evolrl.algorithms.policy_loss import clipped_surrogate
+from evolrl.algorithms.policy_loss import ClippedSurrogate, PolicyLoss, clipped_surrogate
 
-__all__ = ["Aggregation", "MismatchCorrection", "SeqMeanTokenMean", "SequenceMask", "TokenMean", "TokenTruncate",
-           "clipped_surrogate", "group_advantages", "head_logprobs_and_entropy", "logprobs_and_entropy", "low_var_kl",
+__all__ = ["Aggregation", "ClippedSurrogate", "GroupAdvantages", "MismatchCorrection", "PolicyLoss", "SeqMeanTokenMean",
+           "SequenceMask", "TokenMean", "TokenTruncate", "clipped_surrogate", "group_advantages", "low_var_kl",
            "mismatch_summary", "mismatch_sums"]

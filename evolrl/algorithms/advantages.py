@@ -2,8 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
+
+from evolrl.settings import require
+
+
+@dataclass(frozen=True)
+class GroupAdvantages:
+    """How a group's rewards become advantages (``model.advantages``)."""
+
+    scale_by_std: bool = True
+    """Divide by the group's reward std (GRPO); ``false`` keeps ``r - mean`` (Dr. GRPO)."""
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.scale_by_std, bool), "GroupAdvantages.scale_by_std", self.scale_by_std,
+                allowed="true or false")
+
+    def __call__(self, rewards: Tensor) -> Tensor:
+        """``[P, G]`` rewards to ``[P, G]`` advantages (:func:`group_advantages`)."""
+        return group_advantages(rewards, self.scale_by_std)
 
 
 def group_advantages(rewards: Tensor, scale_by_std: bool = True, eps: float = 1e-6) -> Tensor:

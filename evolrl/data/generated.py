@@ -36,8 +36,8 @@ class AdditionPrompts(PromptSource):
         self.max_operand = max_operand
         self.seed = seed
         self.instruction = instruction
-        self.terms = terms
         """Appended to each question, e.g. "Put your final answer within \\boxed{}."."""
+        self.terms = terms
 
     def load(self) -> list[Prompt]:
         rng = random.Random(self.seed)

@@ -8,7 +8,7 @@ and backward; the matmuls stay library calls. Non-obvious decisions:
 * The block's ``forward`` is replaced on the instance, not ``__call__``: the hooks around it (FSDP2's all-gather and
   reduce-scatter, gradient checkpointing's recomputation, which calls the block again) run outside the graph as they
   do uncompiled, and the state dict keeps its keys. Where transformers checkpoints inside ``forward`` (a wrapper on
-  the layer class, from about 5.20) the compiled function is the layer's own ``forward`` beneath it, and the instance's
+  the layer class, in recent transformers releases) the compiled function is the layer's own ``forward`` beneath it, and the instance's
   ``forward`` checkpoints around it as the wrapper did (:func:`own_forward`); traced whole, the checkpoint with the
   attention's graph break inside would have run every training pass's blocks uncompiled.
 * ``dynamic=True``: a packed pass has a new row length every time; one trace with a symbolic length serves them all.
@@ -20,8 +20,7 @@ and backward; the matmuls stay library calls. Non-obvious decisions:
   graph break): traced, it would be specialised on the tuple of sequence lengths and traced again for every pass.
 * Under FSDP2 a block's submodules are "FSDP-managed", and dynamo by default skips guards on such modules
   (``skip_fsdp_guards``) and so traces their integer attributes as symbols: the attention's ``head_dim`` became a
-  symbol and the head count ``2048 // head_dim`` (the 1.7B shape), which FlexAttention's lowering in inductor cannot take (seen on an
-  H200) and which keeps the kernels from knowing the head width. Each compiled forward runs with those guards on
+  symbol and the head count ``2048 // head_dim`` (the 1.7B shape), which FlexAttention's lowering in inductor cannot take, and which keeps the kernels from knowing the head width. Each compiled forward runs with those guards on
   (:data:`GUARDED`): dynamo then treats the attributes as a plain module's, constants behind a guard, as without
   FSDP2 (``tests/test_compiled.py`` reads the graphs; the same graph count either way).
 * Projections of the same input become one matmul (:func:`fuse_shared_input_linears`, a graph pass run before
@@ -70,8 +69,8 @@ def compile_blocks(model: nn.Module) -> nn.Module:
 
 
 CHECKPOINTING = "forward_with_checkpointing"
-"""The code name of the wrapper transformers (from about 5.20) puts around a layer class's ``forward`` to checkpoint it
-(``GradientCheckpointingLayer``; earlier releases checkpoint in ``__call__``, outside ``forward``)."""
+"""The code name of the wrapper recent transformers releases put around a layer class's ``forward`` to checkpoint it
+(``GradientCheckpointingLayer``; older ones checkpoint in ``__call__``, outside ``forward``)."""
 
 
 def own_forward(block: nn.Module) -> tuple:

@@ -4,7 +4,7 @@
 function picks. Two ways, the same numbers (tested, values and gradients):
 
 * ``fused_head=True`` (default): while the model runs, its output layer's ``forward`` is swapped for one that hands
-  the final hidden states to ``head_logprobs_and_entropy`` (``algorithms/chunked_head.py``) and returns
+  the final hidden states to ``head_logprobs_and_entropy`` (``logprobs/chunked_head.py``) and returns
   ``[..., 2]`` (log-prob, entropy) in place of the logits, so the ``[rows, width, vocabulary]`` logits never exist,
   not even one chunk beyond the log-prob step's own. A swap, not a call of the model's body and then its head:
   under FSDP2 the head's weight is gathered only during the root module's forward, and the result has to leave
@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from evolrl.algorithms.chunked_head import head_logprobs_and_entropy, head_token_stats
-from evolrl.algorithms.logprobs import logprobs_and_entropy, token_stats
+from evolrl.logprobs.chunked_head import head_logprobs_and_entropy, head_token_stats
+from evolrl.logprobs.from_logits import logprobs_and_entropy, token_stats
+from evolrl.logprobs.sequences import Sequences
 from evolrl.settings import require
-from evolrl.training.sequences import Sequences
 
 
 def model_logprobs(model, inputs: dict, select: Callable[[Tensor], Tensor], targets: Tensor, temperature: float,

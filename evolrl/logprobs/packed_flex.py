@@ -17,9 +17,9 @@ s² (plus the blocks a sequence boundary cuts) in one launch. Non-obvious decisi
   start there (:func:`check_flex`); a CPU runs the same function without gradients, uncompiled (the tests).
 * On a GPU a pass without gradients (the reference's, the old log-probs') asks for the log-sum-exp too, which it
   does not use: without gradients flex otherwise builds its forward kernel in a configuration of its own (no
-  log-sum-exp written), and that is the call whose compile failed in inductor on an H200 (torch 2.11, the 1.7B shape
-  inside compiled blocks, symbolic lengths), where the training passes' configuration compiled and ran
-  (``tests/test_packed_flex.py``'s GPU tests cover both).
+  log-sum-exp written), which inductor fails to compile for the 1.7B shape inside compiled blocks with symbolic
+  lengths (torch 2.11), where the training passes' configuration compiles (``tests/test_packed_flex.py``'s GPU tests
+  cover both).
 * Every other call (padded passes, generation, evaluation, a sliding window, dropout) is the sequence-wise sdpa's.
 """
 
@@ -33,8 +33,8 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from evolrl.logprobs.sequencewise_attention import SEQUENCEWISE_SDPA, sequencewise_sdpa
 from evolrl.settings import require
-from evolrl.training.sequencewise_attention import SEQUENCEWISE_SDPA, sequencewise_sdpa
 
 try:
     from torch.nn.attention.flex_attention import AuxRequest
@@ -76,7 +76,7 @@ def _compiled_flex():
 def packed_flex(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, *args,
                 packed_block_mask: BlockMask | None = None, **kwargs) -> tuple[Tensor, None]:
     """One ``flex_attention`` call over the packed row (``[1, heads, S, dim]``) given ``packed_block_mask``:
-    ``[1, S, heads, dim]``; any other call is :func:`~evolrl.training.sequencewise_attention.sequencewise_sdpa`."""
+    ``[1, S, heads, dim]``; any other call is :func:`~evolrl.logprobs.sequencewise_attention.sequencewise_sdpa`."""
     dropout = kwargs.get("dropout", 0.0) if module.training else 0.0
     if packed_block_mask is None or kwargs.get("sliding_window") is not None or dropout > 0:
         return sequencewise_sdpa(module, query, key, value, attention_mask, *args, **kwargs)

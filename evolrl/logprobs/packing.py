@@ -25,11 +25,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from evolrl.logprobs.forward import model_logprobs, takes_logits_to_keep
+from evolrl.logprobs.packed_flex import PACKED_FLEX, document_block_mask
+from evolrl.logprobs.sequences import Sequences
+from evolrl.logprobs.sequencewise_attention import SEQUENCEWISE_SDPA, PackedLengths, is_sequencewise
 from evolrl.settings import require
-from evolrl.training.forward import model_logprobs, takes_logits_to_keep
-from evolrl.training.packed_flex import PACKED_FLEX, document_block_mask
-from evolrl.training.sequences import Sequences
-from evolrl.training.sequencewise_attention import SEQUENCEWISE_SDPA, PackedLengths, is_sequencewise
 
 PACKED_ATTENTION = ("sdpa", SEQUENCEWISE_SDPA, PACKED_FLEX, "eager", "flash_attention_2", "flash_attention_3",
                     "flash_attention_4", "flex_attention")

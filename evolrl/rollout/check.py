@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from evolrl.algorithms import logprobs_and_entropy
+from evolrl.logprobs.from_logits import logprobs_and_entropy
 from evolrl.rollout.engine import RolloutEngine, Sampling
 from evolrl.types import Prompt
 

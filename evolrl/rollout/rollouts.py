@@ -66,11 +66,6 @@ class Rollouts:
         """The training temperature: the policy's log-probs are those of ``softmax(logits / temperature)``."""
         return self.sampling.temperature
 
-    @property
-    def sequences_per_step(self) -> int:
-        """P x G sequences trained per training step (on this rank)."""
-        return self.prompts_per_step * self.trained_samples
-
     def setup(self, tokenizer: PreTrainedTokenizerBase, longest_prompt: int, evaluates: bool, rank: int = 0) -> None:
         """Size the engine for the largest call this run makes and give it this rank's seed."""
         self.rank = rank

@@ -25,30 +25,22 @@ class Batching:
     """Instead of ``micro_batch_size``, bin each mini-batch's sequences into passes of at most this many tokens
     (padded: rows x longest; packed: the row), a longer one alone; same math."""
     packed: bool = False
-    """Each pass's sequences back to back in one row, without padding (under sdpa, attention one sequence at a time:
-    ``sequencewise_attention.py``); ``fit`` refuses it at start for a model whose packed sequences would see each
-    other (attention not sdpa, eager, flash or flex, or a probe sees it)."""
+    """Each pass's sequences back to back in one row, without padding; ``fit`` refuses it at start for a model whose
+    packed sequences would see each other (``evolrl/logprobs/packing.py``)."""
     flex_attention: bool = False
-    """Packed passes attend with one FlexAttention call per layer and row instead of one sdpa call per sequence
-    (``packed_flex.py``): fewer kernel launches on a GPU; ``fit`` refuses it at start on a CPU (torch has no
-    FlexAttention backward there). Needs ``packed``."""
+    """Packed passes attend with one FlexAttention call per layer and row (fewer GPU launches); needs ``packed``;
+    refused at start on a CPU, where torch has no FlexAttention backward."""
     fused_head: bool = True
-    """The LM head applied chunk by chunk inside the log-prob step, so a pass's logits never exist whole; ``fit``
-    refuses it at start for a model whose output layer is not a plain Linear or whose logits are not that layer's
-    output unchanged (e.g. soft-capped): set it to false there."""
+    """The LM head applied chunk by chunk inside the log-prob step, so a pass's logits never exist whole; refused at
+    start for a model whose logits are not a plain Linear head's output (e.g. soft-capped)."""
     logprob_chunk_size: int = 1024
     """Tokens per chunk of the log-prob/entropy computation."""
     no_grad_pass_multiple: int = 2
-    """A pass without gradients (the reference's log-probs, the old log-probs of later mini-batches) takes up to this
-    many times a training pass's sequences (``micro_batch_size``) or tokens (``max_tokens_per_micro_batch``), its
-    sequences drawn from the whole step rather than one mini-batch: it keeps no activations for a backward, so at
-    twice the size it holds less than a training pass; fewer, larger passes, the same numbers."""
+    """A pass without gradients (reference, old log-probs) takes this many times a training pass's sequences or
+    tokens, drawn from the whole step: it keeps no activations, so fewer, larger passes, the same numbers."""
     compile_blocks: bool = False
-    """Each decoder block's forward through ``torch.compile`` (``compiled.py``): its norms, rotary embedding, SwiGLU
-    and casts fused into a few kernels, forward and backward (on a GPU, a fraction of the kernel launches); with
-    ``fused_head``, each chunk's softmax statistics and their gradient too (``chunked_head.py``: a few passes over
-    the chunk's logits instead of a dozen). The first passes pay the compilation (tens of seconds a variant on a
-    CPU); the numbers agree with the uncompiled pass up to float rounding."""
+    """Each decoder block's forward (and with ``fused_head`` the head's chunks) through ``torch.compile``: fewer
+    kernels; the first passes pay the compilation (``evolrl/logprobs/compiled.py``); same numbers up to rounding."""
     reduce_every_pass: bool = False
     """Under FSDP, reduce-scatter the gradients after every pass instead of once per mini-batch (its last pass): one
     collective per pass, but the full float32 gradients are never held unsharded between passes (4B: 15 GiB a rank;

@@ -7,8 +7,8 @@ Non-obvious decisions:
 * Several ranks (FSDP2): only rank 0 reads the weights. Every rank builds the architecture with its parameters
   on the meta device (no memory), shards it, allocates only its own shards and receives its slice of each tensor
   from rank 0, one tensor at a time (``evolrl.distributed.fill_from_rank0``); the reference is filled from the
-  same copy. Peak host memory: one full copy on rank 0 plus each rank's shards, where every rank used to hold
-  the whole policy and a whole deep copy for the reference (``tools/host_memory.py`` measures both).
+  same copy. Peak host memory: one full copy on rank 0 plus each rank's shards, not a whole policy and a whole
+  reference on every rank.
 * The policy's weights are the optimizer's master weights and keep ``EvolRLModule.dtype`` (float32) under any
   precision: Adam moves a weight by about the learning rate per step, and the paper's 5e-7 is ~100x below
   bf16's spacing near a typical weight (|w| ~ 1e-2: 2^-14 ~ 6e-5), so bf16 master weights would not move.
@@ -33,10 +33,8 @@ import torch.distributed as dist
 from torch import nn
 
 from evolrl.distributed import broadcast_object, fill_from_rank0, shard
+from evolrl.logprobs import prepare
 from evolrl.models import empty_policy, load_policy, model_config
-from evolrl.training.compiled import compile_blocks
-from evolrl.training.packed_flex import use_packed_flex
-from evolrl.training.sequencewise_attention import use_sequencewise_attention
 
 
 @dataclass
@@ -73,13 +71,13 @@ def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, dev
                  gradient_checkpointing: bool = False, trust_remote_code: bool = False, packed: bool = False,
                  compiled: bool = False, flex: bool = False) -> tuple[nn.Module, nn.Module | None]:
     """``(policy, reference or None)``: loaded whole without ``mesh``; else sharded over it and filled from rank 0;
-    with ``compiled``, their blocks' forwards compiled (``compiled.compile_blocks``); ``packed`` (and ``flex``): the
-    packed passes' attention (:func:`_attention`)."""
+    with ``compiled``, their blocks' forwards compiled; ``packed`` (and ``flex``): the packed passes' attention
+    (``evolrl.logprobs.prepare``)."""
     if mesh is None:
-        policy = _trainable(_attention(load_policy(name, dtypes.policy, trust_remote_code), packed, flex),
+        policy = _trainable(prepare(load_policy(name, dtypes.policy, trust_remote_code), packed, flex),
                             gradient_checkpointing)
         reference = _frozen(parameters_in(copy.deepcopy(policy), dtypes.reference)) if with_reference else None
-        return _compiled(policy, compiled), _compiled(reference, compiled)
+        return prepare(policy, compiled=compiled), prepare(reference, compiled=compiled)
     device = device or torch.device("cpu")
     full = load_policy(name, dtypes.policy, trust_remote_code) if dist.get_rank() == 0 else None
     state = full.state_dict() if full is not None else None
@@ -88,14 +86,14 @@ def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, dev
     compute = getattr(torch, dtypes.fsdp_param)
 
     def sharded(dtype: str, trainable: bool) -> nn.Module:
-        model = _attention(parameters_in(empty_policy(config, dtypes.policy, trust_remote_code), dtype), packed, flex)
+        model = prepare(parameters_in(empty_policy(config, dtypes.policy, trust_remote_code), dtype), packed, flex)
         model.generation_config = generation_config  # the engines read the stop tokens from it
         model = _trainable(model, gradient_checkpointing) if trainable else _frozen(model)
         return fill_from_rank0(shard(model, mesh, compute), state, device)
 
     policy = sharded(dtypes.policy, trainable=True)
     reference = sharded(dtypes.reference, trainable=False) if with_reference else None
-    return _compiled(policy, compiled), _compiled(reference, compiled)
+    return prepare(policy, compiled=compiled), prepare(reference, compiled=compiled)
 
 
 def parameters_in(model: nn.Module, dtype: str) -> nn.Module:
@@ -111,19 +109,6 @@ def parameters_in(model: nn.Module, dtype: str) -> nn.Module:
     for parameter in model.parameters():  # each shared parameter once
         parameter.data = parameter.data.to(target)
     return model
-
-
-def _attention(model: nn.Module, packed: bool, flex: bool) -> nn.Module:
-    """Packed: sdpa one sequence at a time, or with ``flex`` one FlexAttention call per row."""
-    if packed:
-        use_sequencewise_attention(model)
-    if packed and flex:
-        use_packed_flex(model)
-    return model
-
-
-def _compiled(model: nn.Module | None, compiled: bool) -> nn.Module | None:
-    return compile_blocks(model) if compiled and model is not None else model
 
 
 def _trainable(model: nn.Module, gradient_checkpointing: bool) -> nn.Module:

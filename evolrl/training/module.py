@@ -35,23 +35,19 @@ from dataclasses import asdict
 import lightning as L
 import torch
 
-from evolrl.algorithms import MismatchCorrection
+from evolrl.algorithms import GroupAdvantages, MismatchCorrection
 from evolrl.callbacks import LabelFreeDiagnostics, PassAtK, PolicyStats, SampleLogger
 from evolrl.data.sources import DataError
+from evolrl.logprobs import check, keep_freed_memory
 from evolrl.rewards import EvolReward, Reward
 from evolrl.rewards.verifier_reward import ANSWER_HINT
 from evolrl.settings import check_choice, require
-from evolrl.training.allocator import keep_freed_memory
 from evolrl.training.batching import Batching
 from evolrl.training.build import DTYPES, Dtypes, Frozen, build_models
-from evolrl.training.compiled import check_compiler
 from evolrl.training.evaluation import grade_request
 from evolrl.training.flat_rewards import FlatRewardCheck
-from evolrl.training.forward import check_fused_head
-from evolrl.training.loss_settings import GRPOLoss
+from evolrl.training.loss import GRPOLoss
 from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, schedule_started, start_schedule
-from evolrl.training.packed_flex import check_flex
-from evolrl.training.packing import check_packing
 from evolrl.training.scoring import score
 from evolrl.training.update import GRPOUpdate
 from evolrl.types import EvalOutput, PromptProvider, RolloutBatch, RolloutSource, StepOutput, unanswered
@@ -63,7 +59,8 @@ class EvolRLModule(L.LightningModule):
     Args:
         model: Hub name, local directory, ``.gguf`` file or ``pkg://package/file`` (see ``evolrl.models``).
         reward: Reward class; default ``EvolReward`` with the packaged MiniLM embedder.
-        loss: Policy-loss settings.
+        advantages: How a group's rewards become advantages (``scale_by_std``).
+        loss: The loss: surrogate, KL, entropy bonus, aggregation, mismatch correction.
         optim: Optimizer and schedule settings.
         batching: Mini-batches (one optimizer step each), micro-batches (one pass each: by count or a token budget,
             padded or packed) and the fused LM head (``evolrl.training.Batching``).
@@ -74,7 +71,7 @@ class EvolRLModule(L.LightningModule):
         gradient_checkpointing: Trade compute for activation memory.
         trust_remote_code: Allow the model repository's own code to run.
         cpu_keep_freed_memory: Training on a CPU, keep freed buffers in glibc's heap for reuse instead of unmapping
-            and page-faulting them in again (``training/allocator.py``; process-wide).
+            and page-faulting them in again (``logprobs/allocator.py``; process-wide).
 
     The sampling temperature (whose ``softmax(logits / T)`` the loss's log-probs are taken under) is the one each rollout batch was sampled
     at (``RolloutBatch.temperature``).
@@ -84,6 +81,7 @@ class EvolRLModule(L.LightningModule):
         self,
         model: str,
         reward: Reward | None = None,
+        advantages: GroupAdvantages = GroupAdvantages(),  # noqa: B008 (frozen)
         loss: GRPOLoss = GRPOLoss(),  # noqa: B008 (frozen-in-spirit config; jsonargparse expands its fields)
         optim: Optimization = Optimization(),  # noqa: B008
         batching: Batching = Batching(),  # noqa: B008 (frozen)
@@ -102,13 +100,14 @@ class EvolRLModule(L.LightningModule):
         check_choice("EvolRLModule.fsdp_param_dtype", fsdp_param_dtype, DTYPES)
         # Plain values only, so checkpoints load with torch.load(weights_only=True).
         self.save_hyperparameters({
-            "model": model, "loss": loss.as_dict(), "optim": asdict(optim), "batching": asdict(batching), "dtype": dtype,
+            "model": model, "advantages": asdict(advantages), "loss": loss.as_dict(), "optim": asdict(optim), "batching": asdict(batching), "dtype": dtype,
             "reference_dtype": reference_dtype, "fsdp_param_dtype": fsdp_param_dtype,
             "gradient_checkpointing": gradient_checkpointing,
         })
         self.automatic_optimization = False
         self.model_name = model
         self.reward = reward if reward is not None else EvolReward()
+        self.advantages = advantages
         self.update = GRPOUpdate(loss, batching, optim.max_grad_norm)
         self.optim_cfg = optim
         self.dtype_name, self.reference_dtype, self.fsdp_param_dtype = dtype, reference_dtype, fsdp_param_dtype
@@ -184,14 +183,9 @@ class EvolRLModule(L.LightningModule):
     def on_fit_start(self) -> None:
         if self.reference is not None:
             self.reference.model.to(self.device)
-        if self.update.batching.flex_attention:
-            check_flex(self.device)
-        if self.update.batching.packed:  # here: on its device, with the attention kernels it trains with
-            check_packing(self.policy)
-        if self.update.batching.fused_head:
-            check_fused_head(self.policy)
-        if self.update.batching.compile_blocks:
-            check_compiler(self.device)
+        b = self.update.batching
+        check(self.policy, self.device, packed=b.packed, flex=b.flex_attention, fused_head=b.fused_head,
+              compiled=b.compile_blocks)
 
     # ---- one training step --------------------------------------------------------------
     def fresh(self, batch: RolloutBatch | RolloutSource) -> RolloutBatch:
@@ -212,7 +206,9 @@ class EvolRLModule(L.LightningModule):
         rollouts = self.fresh(batch)
         t1 = time.perf_counter()
         # rewards [P, V], trained [P, G]
-        scored = score(self.reward, self.update, policy=self.policy, rollouts=rollouts, device=self.device)
+        scored = score(self.reward, self.advantages, rollouts, self.device,
+                       policy_pass=lambda seqs, temperature: self.update.policy_pass(self.policy, seqs, temperature),
+                       vocabulary=self.policy.get_output_embeddings().weight.shape[0])
         t2 = time.perf_counter()
         self.flat_rewards(scored.advantages)
         seqs = scored.seqs

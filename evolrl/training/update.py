@@ -4,8 +4,7 @@ One training step = one rollout batch, split into mini-batches (one optimizer st
 order, one PPO epoch) and micro-batches (gradient accumulation). The loss normalizer is fixed
 per mini-batch before the micro-batch loop, so how a mini-batch is split into micro-batches (a count, or a
 token budget: ``plan.py``) does not change the math; across ranks it is the global count. Loss terms are summed
-on the device and read once. A micro-batch is right-padded rows (``forward.py``) or one packed row
-(``packing.py``). The passes without gradients (old log-probs, reference) are planned apart: over the whole step, at
+on the device and read once. A micro-batch is right-padded rows or one packed row (``evolrl.logprobs``). The passes without gradients (old log-probs, reference) are planned apart: over the whole step, at
 ``Batching.no_grad_pass_multiple`` times a training pass's size (they keep no activations for a backward).
 
 When the engine reports its log-probs, every step also measures how far they are from the old log-probs
@@ -14,7 +13,7 @@ token's policy-gradient loss by an importance weight (``evolrl/algorithms/correc
 the normalizer: a masked token counts in it with weight 0 (as in TRL), so the normalizer stays the global token
 count fixed before the micro-batch loop, whatever is masked on which rank.
 
-:class:`GRPOUpdate` holds the settings and owns the micro-batch plan and the forward pass; the
+The loss's formula is ``loss.py``'s. :class:`GRPOUpdate` holds the settings and owns the micro-batch plan and the forward pass; the
 policy, the reference, the sequences, the optimizer and the schedule are arguments, so it runs
 without a Trainer (``tests/test_update.py``).
 """
@@ -23,19 +22,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache, partial
 
 import torch
 from torch import Tensor, nn
 
-from evolrl.algorithms import MismatchCorrection, clipped_surrogate, low_var_kl, mismatch_summary
+from evolrl.algorithms import MismatchCorrection, mismatch_summary
 from evolrl.distributed import all_reduce, global_sum
+from evolrl.logprobs import Sequences, token_stats
 from evolrl.training.batching import Batching
-from evolrl.training.forward import sequence_logprobs
-from evolrl.training.loss_settings import GRPOLoss
-from evolrl.training.packing import packed_logprobs
+from evolrl.training.loss import GRPOLoss
 from evolrl.training.plan import Plan, lockstep, micro_batch_plan, mini_batch_ranges, token_budget_plan
-from evolrl.training.sequences import Sequences
 
 
 def sync_gradients(policy: nn.Module, sync: bool) -> None:
@@ -61,7 +57,7 @@ class PolicyPass:
 
 
 class GRPOUpdate:
-    """GRPO's clipped surrogate (+ KL, - entropy bonus) over one step's sequences, one optimizer step per mini-batch.
+    """The GRPO loss (``loss.py``) over one step's sequences, one optimizer step per mini-batch.
 
     Args:
         loss: The loss settings.
@@ -92,9 +88,8 @@ class GRPOUpdate:
     def forward(self, model: nn.Module, seqs: Sequences, temperature: float,
                 vocab_mean: bool = False) -> tuple[Tensor, ...]:
         b = self.batching
-        logprobs = packed_logprobs if b.packed else sequence_logprobs
-        return logprobs(model, seqs, temperature=temperature, chunk_size=b.logprob_chunk_size, fused_head=b.fused_head,
-                        vocab_mean=vocab_mean, compiled_head=b.compile_blocks)
+        return token_stats(model, seqs, temperature, chunk_size=b.logprob_chunk_size, packed=b.packed,
+                           fused_head=b.fused_head, compiled=b.compile_blocks, vocab_mean=vocab_mean)
 
     @staticmethod
     def micro_batch(seqs: Sequences, rows: list[int]) -> Sequences:
@@ -185,9 +180,9 @@ class GRPOUpdate:
         logp, entropy = self.forward(policy, part, temperature)
         old = old if old is not None else logp.detach()
         weights, measured = self.loss.correct(old, part) if part.sampler_logprobs is not None else (None, None)
-        loss, terms = _loss_of(self.batching.compile_blocks)(
-            self.loss, logp, entropy, old=old, ref=ref, advantages=part.advantages[:, None], mask=part.response_mask,
-            normalizer=normalizer, weights=weights)
+        loss, terms = self.loss(logp, entropy, old=old, ref=ref, advantages=part.advantages[:, None],
+                                mask=part.response_mask, normalizer=normalizer, weights=weights,
+                                compiled=self.batching.compile_blocks)
         backward(loss)
         return terms, measured
 
@@ -210,34 +205,6 @@ class GRPOUpdate:
             scheduler.step()
         optimizer.zero_grad()
         return grad_norm.detach().float()
-
-
-def pass_loss(cfg: GRPOLoss, logp: Tensor, entropy: Tensor, old: Tensor, ref: Tensor | None, advantages: Tensor,
-              mask: Tensor, normalizer: Tensor, weights: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
-    """A pass's loss from its per-token log-probs and entropies ``[N, L]``, and its terms (detached, float32):
-    the clipped surrogate (times the mismatch ``weights``, if any), the entropy bonus, the KL to ``ref``, the clip
-    fractions, each aggregated with the mini-batch's ``normalizer``. An entropy coefficient of 0 leaves the entropy
-    out of the loss's graph (reported, not differentiated: the fused head then skips its gradient)."""
-    pg, clips = clipped_surrogate(logp, old, advantages=advantages, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                  dual_clip=cfg.dual_clip)
-    if weights is not None:
-        pg = pg * weights
-    agg = partial(cfg.aggregation, mask=mask, normalizer=normalizer)
-    terms = {"pg_loss": agg(pg), "entropy": agg(entropy if cfg.entropy_coef else entropy.detach())}
-    loss = terms["pg_loss"] - cfg.entropy_coef * terms["entropy"] if cfg.entropy_coef else terms["pg_loss"]
-    if ref is not None:
-        terms["kl"] = agg(low_var_kl(logp, ref))
-        loss = loss + cfg.kl_coef * terms["kl"]
-    terms["loss"] = loss
-    terms |= {f"{name}_frac": agg(flag.float()) for name, flag in clips.items()}
-    return loss, {name: value.detach().float() for name, value in terms.items()}
-
-
-@cache
-def _loss_of(compiled: bool) -> Callable:
-    """:func:`pass_loss`, or with ``compiled`` (``Batching.compile_blocks``) its ``torch.compile``d form (shapes
-    dynamic): its two dozen elementwise operators and reductions, forward and backward, as a few fused kernels."""
-    return torch.compile(pass_loss, dynamic=True) if compiled else pass_loss
 
 
 def _rows_of(values: Tensor, rows: list[int], part: Sequences) -> Tensor:

@@ -1,0 +1,63 @@
+"""The log-prob engine: per-token log-probs and entropy of many sequences under a causal LM, fast.
+
+Everything the GRPO update needs from a model's forward pass lives here, apart from the loss: the sequences as
+tensors (:class:`Sequences`), right-padded or packed passes (``forward.py``, ``packing.py``), attention that keeps
+packed sequences apart (``sequencewise_attention.py``, ``packed_flex.py``), compiled blocks (``compiled.py``), the LM
+head fused into the log-softmax (``chunked_head.py``, ``from_logits.py``) and the CPU allocator setting
+(``allocator.py``). The update calls it through three functions:
+
+* :func:`prepare`: once per model at build, the packed passes' attention and the compiled blocks;
+* :func:`check`: once at start, on the device, that the model computes what the settings promise;
+* :func:`token_stats`: one pass over a micro-batch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from evolrl.logprobs.allocator import keep_freed_memory
+from evolrl.logprobs.compiled import check_compiler, compile_blocks
+from evolrl.logprobs.forward import check_fused_head, sequence_logprobs
+from evolrl.logprobs.packed_flex import check_flex, use_packed_flex
+from evolrl.logprobs.packing import check_packing, packed_logprobs
+from evolrl.logprobs.sequences import Sequences, trained_sequences
+from evolrl.logprobs.sequencewise_attention import use_sequencewise_attention
+
+__all__ = ["Sequences", "check", "keep_freed_memory", "prepare", "token_stats", "trained_sequences"]
+
+
+def prepare(model: nn.Module | None, packed: bool = False, flex: bool = False,
+            compiled: bool = False) -> nn.Module | None:
+    """``model`` set up for its passes: packed rows' attention one sequence at a time (or, with ``flex``, one
+    FlexAttention call per row); with ``compiled``, its blocks' forwards compiled. Attention is switched before a
+    reference is copied from the policy; compiling comes last, on the finished (and sharded) model."""
+    if model is None:
+        return None
+    if packed:
+        use_sequencewise_attention(model)
+    if packed and flex:
+        use_packed_flex(model)
+    return compile_blocks(model) if compiled else model
+
+
+def check(model: nn.Module, device: torch.device, packed: bool = False, flex: bool = False, fused_head: bool = False,
+          compiled: bool = False) -> None:
+    """At start, on ``device``: each setting that is on works for ``model`` (a SettingError naming it if not)."""
+    if flex:
+        check_flex(device)
+    if packed:  # on its device, with the attention kernels it trains with
+        check_packing(model)
+    if fused_head:
+        check_fused_head(model)
+    if compiled:
+        check_compiler(device)
+
+
+def token_stats(model: nn.Module, seqs: Sequences, temperature: float, chunk_size: int, packed: bool = False,
+                fused_head: bool = True, compiled: bool = False, vocab_mean: bool = False) -> tuple[Tensor, ...]:
+    """``(log-prob, entropy)`` of every next token of ``seqs``, ``[N, T - 1]``, under ``softmax(logits /
+    temperature)`` (and the vocabulary's mean log-prob with ``vocab_mean``): one packed row or right-padded rows."""
+    logprobs = packed_logprobs if packed else sequence_logprobs
+    return logprobs(model, seqs, temperature=temperature, chunk_size=chunk_size, fused_head=fused_head,
+                    vocab_mean=vocab_mean, compiled_head=compiled)
