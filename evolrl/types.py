@@ -1,13 +1,12 @@
 """The few records that flow through a training step.
 
-All are frozen and complete when built. The group axis is explicit: a
-:class:`RolloutBatch` holds ``P`` prompts, each with a :class:`ResponseGroup` of
-``V`` responses; per-response tensors are ``[P, V]``.
+All are frozen and complete when built. The group axis is explicit: a :class:`RolloutBatch` holds ``P`` prompts,
+each with a :class:`ResponseGroup` of ``V`` responses; per-response tensors are ``[P, V]``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
 
@@ -31,8 +30,7 @@ class Prompt:
 
 
 def unanswered(prompts: Sequence[Prompt], shown: int = 5) -> str | None:
-    """Which of ``prompts`` carry no ground-truth answer: how many, their sources and the first ``shown`` rows;
-    ``None`` when all do."""
+    """How many of ``prompts`` have no ground-truth answer, their sources and first ``shown`` rows; ``None``: all do."""
     missing = [p for p in prompts if p.answer is None]
     if not missing:
         return None
@@ -55,8 +53,7 @@ class ResponseGroup:
     response_ids: tuple[tuple[int, ...], ...] = ()
     """Sampled token ids per response, ``[V][len]``, ending with the stop token unless truncated."""
     sampler_logprobs: tuple[tuple[float, ...], ...] = ()
-    """The sampler's log-prob of each sampled token, ``[V][len]``, when the engine reports it: the update's
-    mismatch diagnostics and correction (``evolrl/algorithms/mismatch.py``); its old log-probs are the policy's own."""
+    """The sampler's log-prob of each sampled token, ``[V][len]``, when the engine reports it (mismatch correction)."""
 
     def __post_init__(self) -> None:
         if not self.texts:
@@ -77,8 +74,7 @@ class RolloutBatch:
     trained: torch.Tensor | None = None
     """``[P, G]`` indices of the responses to train on: a reward-independent subset of the ``V``."""
     temperature: float | None = None
-    """The sampling temperature: the policy loss scores the tokens under ``softmax(logits / temperature)``, as they
-    were drawn (training needs it; ``None``: unknown)."""
+    """The sampling temperature, at which the policy loss scores the tokens (``None``: unknown)."""
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -92,8 +88,7 @@ class RolloutBatch:
             raise ValueError(f"trained must be [P, G] with P = {len(self.groups)}, got {tuple(self.trained.shape)}")
 
     def to(self, *args, **kwargs) -> RolloutBatch:
-        """Itself: Lightning moves a batch with ``.to(device)``, and a rollout batch has nothing to move (token ids in
-        tuples; the training step builds its tensors on its device)."""
+        """Itself: Lightning moves a batch with ``.to(device)``; a rollout batch holds no tensors to move there."""
         return self
 
     @property
@@ -124,15 +119,13 @@ class RolloutBatch:
 
 @runtime_checkable
 class PromptProvider(Protocol):
-    """A data module that can list its training prompts, so that checks over all of them run before the first step
-    (``evolrl.data.RolloutDataModule``)."""
+    """A data module that lists its training prompts, so checks over all of them run before the first step."""
 
     def training_prompts(self) -> Sequence[Prompt]: ...
 
 
 class RolloutSource(Protocol):
-    """Rollouts sampled only when asked: what a data module yields when a batch fetched ahead of its training step
-    would come from older weights (``evolrl.data.RolloutRequest``)."""
+    """Rollouts sampled only when asked, so a batch fetched ahead of its step samples the current weights."""
 
     def sample(self) -> RolloutBatch: ...
 
@@ -144,56 +137,35 @@ class EvalSource(RolloutSource, Protocol):
     eval_set: Any
 
 
-COMPONENTS: dict[str, str] = {
-    "valid": "bool: the response's answer is valid (the reward's valid_rule)",
-    "majority": "bool: its answer is equivalent to the group's majority label",
-    "answer_class": "int: its answer's equivalence class in the group, in order of appearance (-1: no answer)",
-    "trailing": "bool: a letter or digit follows its final answer (False without one)",
-    "novelty": "float: EVOL-RL's novelty u (NaN where not embedded)",
-    "correct": "bool: its answer is equivalent to the ground truth (a verifier)",
-    "cluster_share": "float: the share of the group in its answer's cluster (semantic entropy)",
-    "self_certainty": "float: the response's self-certainty under the policy (NaN where not scored)",
-    "neg_entropy": "float: minus the response's mean token entropy under the policy (NaN where not scored)",
-}
-"""The names a reward's components may have, each with what it holds. A reward with a component of its own registers
-it (:func:`register_component`) so that asking for a misspelt name fails instead of finding nothing."""
-
-
-def register_component(name: str, meaning: str) -> None:
-    """Allow ``name`` as a reward component (``meaning``: its dtype and what it holds)."""
-    if not (isinstance(name, str) and name.isidentifier()):
-        raise ValueError(f"a component name is an identifier, got {name!r}")
-    COMPONENTS.setdefault(name, meaning)
-
-
-def _known(name: str) -> None:
-    if name not in COMPONENTS:
-        raise KeyError(f"{name!r} is not a reward component: one of {', '.join(COMPONENTS)} "
-                       "(a reward's own component is added with evolrl.types.register_component)")
-
-
 class Components(Mapping[str, torch.Tensor]):
-    """A reward's named ``[P, V]`` tensors, read-only. Every name is a registered one (:data:`COMPONENTS`): reading
-    or testing (``in``) an unknown name raises a KeyError, so a misspelt name never reads as absent."""
+    """A reward's named ``[P, V]`` tensors, read-only. It knows the names its reward declares (``Reward.components``;
+    ``names=None``: those of ``values``): reading or testing (``in``) another name raises a KeyError, so a misspelt
+    name never reads as absent, while a known name may be absent (a part the reward produces only in some settings)."""
 
-    def __init__(self, values: Mapping[str, torch.Tensor]) -> None:
-        for name in values:
-            _known(name)
-        self._values = dict(values)
+    def __init__(self, values: Mapping[str, torch.Tensor], names: Collection[str] | None = None) -> None:
+        self.names: tuple[str, ...] = tuple(values if names is None else names)
+        self._values = {self._known(name): value for name, value in values.items()}
+
+    def _known(self, name: Any) -> Any:
+        if name not in self.names:
+            raise KeyError(f"{name!r} is not a component its reward declares (Reward.components): "
+                           f"{', '.join(self.names) or 'none'}")
+        return name
+
+    def view(self, names: Collection[str]) -> Components:
+        """These components as a reader of any reward sees them: it knows ``names``, those produced are present."""
+        return Components({name: self._values[name] for name in names if name in self._values}, names)
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        _known(name)
-        if name not in self._values:
+        if self._known(name) not in self._values:
             raise KeyError(f"this reward output has no component {name!r}; it has {', '.join(self._values) or 'none'}")
         return self._values[name]
 
     def __contains__(self, name: object) -> bool:
-        _known(name)
-        return name in self._values
+        return self._known(name) in self._values
 
     def get(self, name: str, default: Any = None) -> Any:
-        _known(name)
-        return self._values.get(name, default)
+        return self._values.get(self._known(name), default)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._values)
@@ -216,8 +188,7 @@ class RewardOutput:
     labels: tuple[str | None, ...]
     """Per prompt: the majority label (or the ground truth for a verifier), ``[P]``."""
     components: Mapping[str, torch.Tensor] = field(default_factory=dict)
-    """Named ``[P, V]`` tensors (:class:`Components`: names from :data:`COMPONENTS`), e.g. ``valid``, ``majority``,
-    ``novelty``, ``answer_class``."""
+    """Named ``[P, V]`` tensors as :class:`Components` (a reward passes its declared names; a plain dict: its own)."""
 
     def __post_init__(self) -> None:
         if self.rewards.dim() != 2:
@@ -230,7 +201,8 @@ class RewardOutput:
         for name, value in self.components.items():
             if tuple(value.shape) != shape:
                 raise ValueError(f"component {name!r} has shape {tuple(value.shape)}, expected {list(shape)}")
-        object.__setattr__(self, "components", Components(self.components))
+        if not isinstance(self.components, Components):
+            object.__setattr__(self, "components", Components(self.components))
 
 
 @dataclass(frozen=True, eq=False)
@@ -243,8 +215,7 @@ class StepOutput(Mapping[str, Any]):
     rewards: RewardOutput
     """Rewards ``[P, V]`` and their components."""
     stats: Mapping[str, float]
-    """The update's numbers (``loss``, ``pg_loss``, ``entropy``, ``kl``, clip fractions, ``grad_norm``, ``lr``,
-    ``mismatch/*``...), as logged under ``train/``."""
+    """The update's numbers (``loss``, ``pg_loss``, ``entropy``, ``kl``, ``grad_norm``...), logged under ``train/``."""
     timing: Mapping[str, float]
     """Seconds: ``step``, ``sample``, ``reward``, ``update``."""
 

@@ -118,7 +118,7 @@ def tiny_config(tmp_path: Path, model: str, steps: int = 2, reward: str = "EvolR
         "model": {
             "model": model,
             "reward": {"class_path": f"evolrl.rewards.{reward}",
-                       "init_args": {"valid_rule": "any", "number_fallback": True}},
+                       "init_args": {"answers": {"valid_rule": "any", "number_fallback": True}}},
             "batching": {"mini_batch_size": 4, "micro_batch_size": 2}, "optim": {"lr": 1e-3}, **model_overrides,
         },
         "data": {

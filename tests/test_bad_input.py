@@ -15,7 +15,7 @@ from helpers import Recorder
 
 from evolrl.cli import main
 from evolrl.data import DataError, PromptFile, RolloutDataModule
-from evolrl.rewards import EmbedderError, EvolReward, NoveltyBands, SentenceTransformerEmbedder
+from evolrl.rewards import AnswerRules, EmbedderError, EvolReward, NoveltyBands, SentenceTransformerEmbedder
 from evolrl.rollout import HFEngine, Sampling
 from evolrl.types import Prompt, ResponseGroup, RolloutBatch
 
@@ -171,7 +171,7 @@ def test_embedder_that_cannot_load(tmp_path):
 def test_all_responses_invalid_gives_zero_advantages_and_a_warning(tiny_model):
     # The tiny model never writes \boxed{<digit>}: under the paper's rule every response is invalid (-1).
 
-    module_reward = EvolReward(valid_rule="digit", number_fallback=False)
+    module_reward = EvolReward(answers=AnswerRules(valid_rule="digit", number_fallback=False))
     from evolrl.data import AdditionPrompts
     from evolrl.training import Batching, EvolRLModule
 
@@ -527,13 +527,20 @@ def _reward_cls(name):
 
 REWARD_AND_SOURCE_SETTINGS = [
     # (build, key, value, allowed range in the message)
-    (lambda: EvolReward(valid_rule="numbers"), "EvolReward.valid_rule", "'numbers'", "one of 'digit', 'nonempty'"),
-    (lambda: _reward_cls("MajorityVoteReward")(valid_rule="boxed"), "MajorityVoteReward.valid_rule", "'boxed'",
+    (lambda: AnswerRules(valid_rule="numbers"), "AnswerRules.valid_rule", "'numbers'", "one of 'digit', 'nonempty'"),
+    (lambda: AnswerRules(valid_rule="boxed"), "AnswerRules.valid_rule", "'boxed'",
      "one of 'digit', 'nonempty', 'any'"),
-    (lambda: _reward_cls("VerifierReward")(valid_rule=""), "VerifierReward.valid_rule", "''", "one of 'digit'"),
-    (lambda: EvolReward(number_fallback="yes"), "EvolReward.number_fallback", "'yes'", "true or false"),
-    (lambda: _reward_cls("MajorityVoteReward")(number_fallback=None), "MajorityVoteReward.number_fallback", "None",
-     "true or false"),
+    (lambda: AnswerRules(valid_rule=""), "AnswerRules.valid_rule", "''", "one of 'digit'"),
+    (lambda: AnswerRules(number_fallback="yes"), "AnswerRules.number_fallback", "'yes'", "true or false"),
+    (lambda: AnswerRules(number_fallback=None), "AnswerRules.number_fallback", "None", "true or false"),
+    (lambda: AnswerRules(fallback_rule="first"), "AnswerRules.fallback_rule", "'first'",
+     "one of 'last_number', 'first_result'"),
+    (lambda: EvolReward(answers={"valid_rule": "any"}), "EvolReward.answers", "{'valid_rule': 'any'}",
+     "an evolrl.rewards.AnswerRules"),
+    (lambda: _reward_cls("MajorityVoteReward")(answers=None), "MajorityVoteReward.answers", "None",
+     "an evolrl.rewards.AnswerRules"),
+    (lambda: _reward_cls("VerifierReward")(answers="any"), "VerifierReward.answers", "'any'",
+     "an evolrl.rewards.AnswerRules"),
     (lambda: EvolReward(novelty={"alpha": 0.3}), "EvolReward.novelty", "{'alpha': 0.3}",
      "an evolrl.rewards.NoveltyBands or null"),
     (lambda: _reward_cls("VerifierReward")(novelty=True), "VerifierReward.novelty", "True",
@@ -556,7 +563,7 @@ REWARD_AND_SOURCE_SETTINGS = [
      "one of 'float32', 'bfloat16', 'float16', 'float64'"),
     (lambda: SentenceTransformerEmbedder(trust_remote_code="yes"), "SentenceTransformerEmbedder.trust_remote_code",
      "'yes'", "true or false"),
-    (lambda: _grading().MathGrader(number_fallback=None), "MathGrader.number_fallback", "None", "true or false"),
+    (lambda: _grading().MathGrader(answers=None), "MathGrader.answers", "None", "an evolrl.rewards.AnswerRules"),
     (lambda: _grading().ChoiceGrader(choices="abcd"), "ChoiceGrader.choices", "'abcd'",
      "a non-empty string of distinct capital letters"),
     (lambda: _grading().ChoiceGrader(choices="AAB"), "ChoiceGrader.choices", "'AAB'",

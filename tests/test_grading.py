@@ -4,6 +4,7 @@ import pytest
 
 from evolrl.data import AdditionPrompts, EvalSet
 from evolrl.metrics.grading import ChoiceGrader, Grader, MathGrader
+from evolrl.rewards import AnswerRules
 from evolrl.settings import SettingError
 
 
@@ -18,15 +19,15 @@ def test_math_grader(response, truth, expected):
 
 
 def test_math_grader_without_number_fallback():
-    assert MathGrader(number_fallback=False)("3 + 4 = 7", "7") == (None, False)
+    assert MathGrader(AnswerRules(number_fallback=False))("3 + 4 = 7", "7") == (None, False)
 
 
 def test_math_grader_reads_with_the_rewards_fallback_rule():
     hijacked = "9 + 11 = 20. Your final answer is 10."  # trailing text with a number, as in docs/study.md
     assert MathGrader()(hijacked, "20") == ("10", False)
-    assert MathGrader(fallback_rule="first_result")(hijacked, "20") == ("20", True)
-    with pytest.raises(SettingError, match="MathGrader.fallback_rule='first'"):
-        MathGrader(fallback_rule="first")
+    assert MathGrader(AnswerRules(fallback_rule="first_result"))(hijacked, "20") == ("20", True)
+    with pytest.raises(SettingError, match="AnswerRules.fallback_rule='first'"):
+        MathGrader(AnswerRules(fallback_rule="first"))
 
 
 @pytest.mark.parametrize(("response", "truth", "expected"), [

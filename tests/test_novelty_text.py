@@ -4,6 +4,7 @@ The texts are the ones that showed the problem: one-line answers to "What is 9 +
 written after the answer, which the paper's whole-response novelty rewards.
 """
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import torch
 import yaml
 
 from evolrl.rewards import EvolReward, NoveltyBands
+from evolrl.rewards.evol_reward import PAPER_ANSWERS
 from evolrl.settings import SettingError
 from evolrl.types import Prompt, ResponseGroup, RolloutBatch
 
@@ -33,7 +35,9 @@ def batch(*groups):
 
 
 def reward(minilm, novelty_text, **answer_settings):
-    return EvolReward(NoveltyBands(minilm, novelty_text=novelty_text), **answer_settings)
+    """EvolReward with its own answer rules but ``answer_settings``."""
+    answers = dataclasses.replace(PAPER_ANSWERS, **answer_settings)
+    return EvolReward(NoveltyBands(minilm, novelty_text=novelty_text), answers)
 
 
 def embedded(rule, group):
@@ -134,6 +138,6 @@ def test_the_overlays_set_the_option_and_the_rule_from_a_config():
     config = yaml.safe_load(result.stdout)
     reward = config["model"]["reward"]["init_args"]
     assert reward["novelty"]["init_args"]["novelty_text"] == "until_answer"
-    assert reward["fallback_rule"] == "first_result" and reward["number_fallback"] is True
+    assert reward["answers"]["fallback_rule"] == "first_result" and reward["answers"]["number_fallback"] is True
     grader = config["data"]["eval_sets"][0]["init_args"]["grader"]
-    assert grader["init_args"]["fallback_rule"] == "first_result"
+    assert grader["init_args"]["answers"]["fallback_rule"] == "first_result"

@@ -42,7 +42,7 @@ from helpers import make_tiny_model, scalars
 
 from evolrl.algorithms import TokenMean, TokenTruncate, policy_loss
 from evolrl.models import load_policy, load_tokenizer
-from evolrl.rewards import EvolReward, NoveltyBands, SentenceTransformerEmbedder
+from evolrl.rewards import AnswerRules, EvolReward, NoveltyBands, SentenceTransformerEmbedder
 from evolrl.rollout import Rollouts
 from evolrl.rollout.engine import RolloutEngine, Sampling
 from evolrl.rollout.seeds import Seeds
@@ -128,7 +128,8 @@ def replay(tiny_dir: str, record: dict, embedder, dtype: torch.dtype = torch.flo
     rollouts = Rollouts(ReplayEngine(steps), sampling, sampling, prompts_per_step=PROMPTS, vote_samples=V,
                         trained_samples=G, eval_samples=1, eval_prompts_per_batch=1, seeds=Seeds(SEED))
     rollouts.setup(tokenizer, longest_prompt=64, evaluates=False)
-    reward = EvolReward(NoveltyBands(embedder=embedder, alpha=0.3), valid_rule="digit", number_fallback=False)
+    answers = AnswerRules(valid_rule="digit", number_fallback=False)
+    reward = EvolReward(NoveltyBands(embedder=embedder, alpha=0.3), answers)
     update = GRPOUpdate(GRPOLoss(**LOSS), Batching(**PLANS[plan]), max_grad_norm=1.0)
     optimizer, scheduler = build_optimizer(list(policy.parameters()), Optimization(**OPTIM))
     start_schedule(scheduler, STEPS * update.optimizer_steps(PROMPTS * G))
@@ -247,7 +248,8 @@ def fit_config(tmp_path: Path, model: str) -> Path:
         "model": {
             "model": model,
             "reward": {"class_path": "evolrl.rewards.EvolReward",
-                       "init_args": {"valid_rule": "any", "number_fallback": True, "novelty": {"alpha": 0.3}}},
+                       "init_args": {"answers": {"valid_rule": "any", "number_fallback": True},
+                                     "novelty": {"alpha": 0.3}}},
             "loss": {"clip_low": 0.2, "clip_high": 0.25, "kl_coef": 0.01, "entropy_coef": 0.002},
             "optim": {"lr": 1e-4, "warmup_ratio": 0.2},
             "batching": {"mini_batch_size": 5, "micro_batch_size": 3},

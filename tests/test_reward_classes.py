@@ -3,7 +3,17 @@
 import pytest
 import torch
 
-from evolrl.rewards import EvolReward, MajorityVoteReward, NoveltyBands, VerifierReward
+from evolrl.metrics.grading import MathGrader
+from evolrl.rewards import (
+    AnswerRules,
+    EvolReward,
+    MajorityVoteReward,
+    NoveltyBands,
+    SelfCertaintyReward,
+    SemanticEntropyReward,
+    TokenEntropyReward,
+    VerifierReward,
+)
 from evolrl.settings import SettingError
 from evolrl.types import Prompt, ResponseGroup, RolloutBatch
 
@@ -44,7 +54,7 @@ def test_evol_reward(minilm):
 
 
 def test_evol_reward_number_fallback_makes_unboxed_answers_valid(minilm):
-    out = EvolReward(NoveltyBands(minilm), number_fallback=True)(batch())
+    out = EvolReward(NoveltyBands(minilm), AnswerRules(valid_rule="digit", number_fallback=True))(batch())
     assert out.components["valid"][0].tolist() == [True, True, True, True, False, True]
     assert out.components["majority"][0, 5].item()
 
@@ -65,7 +75,8 @@ def test_verifier_reward_uses_ground_truth():
 
 
 def test_verifier_reward_with_novelty_bands(minilm):
-    out = VerifierReward(NoveltyBands(minilm), valid_rule="digit")(batch(answer="8"))
+    digit = AnswerRules(valid_rule="digit", number_fallback=False)
+    out = VerifierReward(NoveltyBands(minilm), digit)(batch(answer="8"))
     r = out.rewards[0]
     assert r[3].item() == 1.0  # the lone correct response
     assert ((r[:3] >= -1.0) & (r[:3] <= -0.5)).all()
@@ -79,7 +90,7 @@ def test_verifier_reward_without_ground_truth_names_the_prompt():
 
 def test_bad_options_are_clear_errors():
     with pytest.raises(ValueError, match="valid_rule"):
-        MajorityVoteReward(valid_rule="numbers")
+        MajorityVoteReward(AnswerRules(valid_rule="numbers"))
     with pytest.raises(ValueError, match="alpha"):
         NoveltyBands(alpha=1.5)
 
@@ -96,7 +107,7 @@ def test_novelty_is_one_object_each_reward_gets_its_own_default():
 def test_verifier_reward_with_novelty_bands_equals_evol_bands_on_correct(minilm):
     # Same bands object, the split is correct/incorrect instead of majority/minority.
     bands = NoveltyBands(minilm, alpha=0.3)
-    out = VerifierReward(bands, valid_rule="digit")(batch(answer="7"))
+    out = VerifierReward(bands, AnswerRules(valid_rule="digit", number_fallback=False))(batch(answer="7"))
     evol = EvolReward(bands)(batch())
     # the majority of both prompts is also the ground truth here, so the rewards coincide
     torch.testing.assert_close(out.rewards, evol.rewards)
@@ -114,17 +125,40 @@ HIJACK = ("9 + 11 = 20", "9 + 11 = 20", *["9 + 11 = 20. Your final answer is 10.
 )
 def test_the_fallback_rule_decides_whether_trailing_numbers_vote(settings, label, rewards):
     group = ResponseGroup(Prompt("add", "What is 9 + 11?"), HIJACK)
-    out = MajorityVoteReward(**settings)(RolloutBatch((group,)))
+    out = MajorityVoteReward(AnswerRules(**settings))(RolloutBatch((group,)))
     assert out.labels == (label,) and out.rewards[0].tolist() == rewards
 
 
 def test_every_answer_reading_reward_reports_trailing_text():
     group = ResponseGroup(Prompt("add", "What is 9 + 11?"), HIJACK)
-    out = MajorityVoteReward(fallback_rule="first_result")(RolloutBatch((group,)))
+    out = MajorityVoteReward(AnswerRules(fallback_rule="first_result"))(RolloutBatch((group,)))
     assert out.components["trailing"][0].tolist() == [False, False, True, True, True, False]
 
 
 def test_fallback_rule_is_checked_where_declared():
+    with pytest.raises(SettingError, match="AnswerRules.fallback_rule='first'.*'last_number', 'first_result'"):
+        AnswerRules(fallback_rule="first")
     for cls in (MajorityVoteReward, EvolReward, VerifierReward):
-        with pytest.raises(SettingError, match=f"{cls.__name__}.fallback_rule='first'.*'last_number', 'first_result'"):
-            cls(fallback_rule="first")
+        with pytest.raises(SettingError, match=f"{cls.__name__}.answers='first_result'.*AnswerRules"):
+            cls(answers="first_result")
+
+
+def test_each_reward_and_the_grader_keep_their_own_answer_rules():
+    assert EvolReward().answers == AnswerRules(valid_rule="digit", number_fallback=False)  # the paper's
+    assert VerifierReward().answers == AnswerRules(valid_rule="nonempty", number_fallback=False)
+    every = AnswerRules(valid_rule="any", number_fallback=True, fallback_rule="last_number")
+    for cls in (MajorityVoteReward, SemanticEntropyReward, SelfCertaintyReward, TokenEntropyReward, MathGrader):
+        assert cls().answers == every, cls.__name__
+
+
+def test_a_reward_output_knows_the_components_its_reward_declares():
+    out = MajorityVoteReward()(batch())
+    assert out.components.names == tuple(MajorityVoteReward.components) == (
+        "valid", "majority", "answer_class", "trailing")
+    with pytest.raises(KeyError, match="'novelty' is not a component its reward declares"):
+        "novelty" in out.components  # noqa: B015 (the test is that asking raises)
+    plain = VerifierReward()(batch(answer="8")).components
+    assert "correct" in plain and "novelty" not in plain  # declared, and produced only with novelty bands
+    assert set(SemanticEntropyReward()(batch()).components) == set(SemanticEntropyReward.components)
+    assert "cluster_share" not in MajorityVoteReward.components
+    assert set(SelfCertaintyReward.components) - set(TokenEntropyReward.components) == {"self_certainty"}

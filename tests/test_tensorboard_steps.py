@@ -27,7 +27,7 @@ def two_epoch_config(tmp_path: Path, model: str) -> Path:
         "model": {
             "model": model,
             "reward": {"class_path": "evolrl.rewards.EvolReward",
-                       "init_args": {"valid_rule": "any", "number_fallback": True}},
+                       "init_args": {"answers": {"valid_rule": "any", "number_fallback": True}}},
             "batching": {"mini_batch_size": 4, "micro_batch_size": 2}, "optim": {"lr": 1e-3},
         },
         "data": {

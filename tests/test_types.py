@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -31,20 +33,47 @@ def test_reward_output_checks_shapes_and_freezes_components():
 
 
 def test_a_misspelt_component_name_raises_instead_of_reading_as_absent():
-    from evolrl.types import register_component
+    from evolrl.types import Components
 
-    out = RewardOutput(torch.zeros(1, 2), (("1", None),), labels=("1",),
-                       components={"valid": torch.ones(1, 2, dtype=torch.bool)})
-    assert "valid" in out.components and "novelty" not in out.components  # registered: present or absent
-    with pytest.raises(KeyError, match="'majorty' is not a reward component: one of valid, majority"):
+    declared = Components({"valid": torch.ones(1, 2, dtype=torch.bool)}, names=("valid", "majority", "novelty"))
+    out = RewardOutput(torch.zeros(1, 2), (("1", None),), labels=("1",), components=declared)
+    assert out.components is declared
+    assert "valid" in out.components and "novelty" not in out.components  # declared: present or absent
+    assert out.components.get("novelty") is None
+    with pytest.raises(KeyError, match="'majorty' is not a component its reward declares .*: valid, majority, novelty"):
         "majorty" in out.components  # noqa: B015 (the test is that asking raises)
+    with pytest.raises(KeyError, match="'majorty' is not a component"):
+        out.components.get("majorty")
     with pytest.raises(KeyError, match="this reward output has no component 'novelty'; it has valid"):
         out.components["novelty"]
-    with pytest.raises(KeyError, match="'my_bonus' is not a reward component"):
-        RewardOutput(torch.zeros(1, 2), (("1", None),), labels=("1",), components={"my_bonus": torch.zeros(1, 2)})
-    register_component("my_bonus", "float: a test reward's own part")
-    assert RewardOutput(torch.zeros(1, 2), (("1", None),), labels=("1",),
-                        components={"my_bonus": torch.zeros(1, 2)}).components
+    with pytest.raises(KeyError, match="'my_bonus' is not a component its reward declares"):
+        Components({"my_bonus": torch.zeros(1, 2)}, names=("valid",))
+    plain = RewardOutput(torch.zeros(1, 2), (("1", None),), labels=("1",), components={"my_bonus": torch.zeros(1, 2)})
+    assert plain.components.names == ("my_bonus",)  # a plain mapping declares its own names
+    with pytest.raises(KeyError, match="'valid' is not a component"):
+        "valid" in plain.components  # noqa: B015
+
+
+def test_a_reader_of_any_reward_sees_the_names_it_reads():
+    from evolrl.types import Components
+
+    parts = Components({"valid": torch.ones(1, 2), "cluster_share": torch.ones(1, 2)}, names=("valid", "cluster_share"))
+    view = parts.view(("valid", "novelty"))
+    assert "valid" in view and "novelty" not in view and list(view) == ["valid"]
+    with pytest.raises(KeyError, match="'cluster_share' is not a component"):
+        view["cluster_share"]
+
+
+def test_types_names_no_reward_component():
+    """Each reward declares its own components; the records know none of them and keep no registry."""
+    from evolrl import rewards, types
+
+    source = Path(types.__file__).read_text(encoding="utf-8")
+    declared = {name for cls in vars(rewards).values() if isinstance(cls, type) and issubclass(cls, rewards.Reward)
+                for name in cls.components}
+    assert {"valid", "novelty", "cluster_share", "neg_entropy"} <= declared
+    assert [name for name in declared if any(q + name + q in source for q in ('"', "'", "``"))] == []
+    assert not hasattr(types, "COMPONENTS") and not hasattr(types, "register_component")
 
 
 def test_a_step_output_is_typed_and_refuses_unknown_keys():

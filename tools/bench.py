@@ -48,9 +48,9 @@ def questions(count: int) -> list[str]:
 
 def shared_reward():
     """The one reward both frameworks use: 1 for agreeing with the group's majority answer."""
-    from evolrl.rewards import MajorityVoteReward
+    from evolrl.rewards import AnswerRules, MajorityVoteReward
 
-    return MajorityVoteReward(valid_rule="any", number_fallback=True)
+    return MajorityVoteReward(AnswerRules(valid_rule="any", number_fallback=True))
 
 
 def tiny_model(directory: Path, like: str) -> str:
@@ -91,7 +91,7 @@ def run_evolrl(a: argparse.Namespace) -> dict:
     import lightning as L
 
     from evolrl.data import AdditionPrompts, RolloutDataModule
-    from evolrl.rewards import EvolReward
+    from evolrl.rewards import AnswerRules, EvolReward
     from evolrl.rollout import HFEngine, Sampling
     from evolrl.training import Batching, EvolRLModule, GRPOLoss, Optimization
 
@@ -121,7 +121,7 @@ def run_evolrl(a: argparse.Namespace) -> dict:
         engine = vllm_engine(a)
     module = EvolRLModule(
         model=a.model,
-        reward=EvolReward(number_fallback=True) if evol else shared_reward(),
+        reward=EvolReward(answers=AnswerRules(valid_rule="digit", number_fallback=True)) if evol else shared_reward(),
         loss=GRPOLoss(clip_low=0.2, clip_high=0.2, dual_clip=None, kl_coef=0.0, entropy_coef=0.0),
         optim=Optimization(lr=a.lr, warmup_ratio=0.0, weight_decay=0.0),
         batching=Batching(mini_batch_size=a.prompts * group, micro_batch_size=min(a.micro_batch, a.prompts * group)),

@@ -102,7 +102,7 @@ def fit_config(model: str, root: Path, gpu: bool, strategy: str, engine: str, st
         "model": {
             "model": model,
             "reward": {"class_path": "evolrl.rewards.MajorityVoteReward",
-                       "init_args": {"valid_rule": "any", "number_fallback": True}},
+                       "init_args": {"answers": {"valid_rule": "any", "number_fallback": True}}},
             "batching": {"mini_batch_size": 4, "max_tokens_per_micro_batch": 2 * (prompt_budget + new_tokens),
                          "packed": True},
             "gradient_checkpointing": True, "loss": {"kl_coef": 0.001}, "optim": {"lr": 1.0e-4},

@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from evolrl.algorithms import group_advantages
-from evolrl.rewards import EvolReward, MajorityVoteReward, NoveltyBands, SentenceTransformerEmbedder
+from evolrl.rewards import AnswerRules, EvolReward, MajorityVoteReward, NoveltyBands, SentenceTransformerEmbedder
 from evolrl.types import Prompt, ResponseGroup, RolloutBatch
 
 QUESTION = "What is 9 + 11?"
@@ -38,11 +38,11 @@ SIZE = 8
 
 def methods(embedder, fallback_rule: str = "last_number") -> dict:
     """Method label -> reward, with the demo's answer settings."""
-    evol = {"number_fallback": True, "fallback_rule": fallback_rule}
+    evol = AnswerRules(valid_rule="digit", number_fallback=True, fallback_rule=fallback_rule)
     return {
-        "TTRL": MajorityVoteReward(valid_rule="any", number_fallback=True, fallback_rule=fallback_rule),
-        "EVOL-RL whole": EvolReward(NoveltyBands(embedder, novelty_text="response"), **evol),
-        "EVOL-RL until answer": EvolReward(NoveltyBands(embedder, novelty_text="until_answer"), **evol),
+        "TTRL": MajorityVoteReward(AnswerRules(valid_rule="any", number_fallback=True, fallback_rule=fallback_rule)),
+        "EVOL-RL whole": EvolReward(NoveltyBands(embedder, novelty_text="response"), evol),
+        "EVOL-RL until answer": EvolReward(NoveltyBands(embedder, novelty_text="until_answer"), evol),
     }
 
 

@@ -17,6 +17,10 @@ from evolrl.types import RewardOutput
 
 ZERO_VARIANCE_ATOL = 1e-8
 
+READS = ("valid", "majority", "answer_class", "trailing", "novelty")
+"""The components the diagnostics read, from whichever reward declares them (the answer-reading rewards all declare
+the first four)."""
+
 
 def label_free_diagnostics(
     output: RewardOutput,
@@ -33,7 +37,7 @@ def label_free_diagnostics(
         truncated: ``[P, V]`` bool, responses that hit the token limit.
     """
     rewards = output.rewards.float()
-    parts = output.components
+    parts = output.components.view(READS)  # knows READS only: a reward's other names, or a misspelt one, raise
     # A reward that reads the policy scores only the trained responses; the others are NaN (not scored).
     scored = ~rewards.isnan()
     group_mean = rewards.nanmean(dim=1, keepdim=True)

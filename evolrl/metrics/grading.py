@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from evolrl.rewards.answers import FALLBACK_RULES, FallbackRule, extract_answer, extract_choice
+from evolrl.rewards.answer_rules import EVERY_ANSWER, AnswerRules, check_rules
+from evolrl.rewards.answers import extract_choice
 from evolrl.rewards.equivalence import answers_equivalent
-from evolrl.settings import check_choice, require
+from evolrl.settings import require
 
 
 class Grader(ABC):
@@ -28,20 +29,17 @@ class MathGrader(Grader):
     """The final answer (last ``\\boxed{}``), mathematically equivalent to the truth.
 
     Args:
-        number_fallback: Without a box, read a number of the response as its answer.
-        fallback_rule: Which number: ``last_number`` or ``first_result`` (see :mod:`evolrl.rewards.answers`);
-            grade with the rule the training reward reads answers with.
+        answers: How the answer is read (its ``number_fallback`` and ``fallback_rule``; validity plays no part):
+            grade with the rules the training reward reads answers with.
     """
 
-    def __init__(self, number_fallback: bool = True, fallback_rule: FallbackRule = "last_number") -> None:
-        require(isinstance(number_fallback, bool), "MathGrader.number_fallback", number_fallback,
-                allowed="true or false")
-        check_choice("MathGrader.fallback_rule", fallback_rule, FALLBACK_RULES)
-        self.number_fallback = number_fallback
-        self.fallback_rule = fallback_rule
+    def __init__(self, answers: AnswerRules = EVERY_ANSWER) -> None:
+        check_rules("MathGrader", answers)
+        self.answers = answers
 
     def __call__(self, response: str, truth: str) -> tuple[str | None, bool]:
-        answer = extract_answer(response, number_fallback=self.number_fallback, fallback_rule=self.fallback_rule)
+        span = self.answers.read(response)
+        answer = None if span is None else span.answer
         return answer, answers_equivalent(answer, truth)
 
 

@@ -9,7 +9,8 @@ Naming rule: a module is named after the one public thing it defines (``voting.p
 :class:`Reward` interface.
 
 * ``answers.py``: reading a final answer and where it was read (its span, trailing text after it), the validity
-  rule; ``equivalence.py``: when two answers are the same;
+  rule; ``answer_rules.py``: :class:`AnswerRules`, the settings of that reading that every reward and grader takes;
+  ``equivalence.py``: when two answers are the same;
 * ``voting.py``: equivalence classes and the majority vote of one group;
 * ``novelty.py``: the novelty score and its bands as tensor math; ``embedders.py``: sentence embedders;
 * ``novelty_bands.py``: the configured novelty object (embedder, ``alpha``, ``novelty_text``);
@@ -20,6 +21,7 @@ Naming rule: a module is named after the one public thing it defines (``voting.p
   (RENT), ``semantic_entropy_reward.py`` (EMPO).
 """
 
+from evolrl.rewards.answer_rules import AnswerRules
 from evolrl.rewards.answer_sheet import AnswerReward, AnswerSheet
 from evolrl.rewards.answers import (
     AnswerSpan,
@@ -46,6 +48,7 @@ from evolrl.rewards.voting import group_answers, majority_vote
 
 __all__ = [
     "AnswerReward",
+    "AnswerRules",
     "AnswerSheet",
     "AnswerSpan",
     "Embedder",

@@ -9,54 +9,41 @@ flag come from those same spans).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 from torch import Tensor
 
-from evolrl.rewards.answers import (
-    FALLBACK_RULES,
-    VALID_RULES,
-    AnswerSpan,
-    FallbackRule,
-    ValidRule,
-    has_trailing_text,
-    is_valid_answer,
-    read_answer,
-)
+from evolrl.rewards.answer_rules import EVERY_ANSWER, AnswerRules, check_rules
+from evolrl.rewards.answers import AnswerSpan, has_trailing_text
 from evolrl.rewards.base import Reward
 from evolrl.rewards.voting import group_answers, majority_class
-from evolrl.settings import check_choice, require
-from evolrl.types import RolloutBatch
+from evolrl.types import Components, RewardOutput, RolloutBatch
 
 
 class AnswerReward(Reward):
     """Shared answer handling: extraction, validity and equivalence classes per prompt.
 
     Args:
-        valid_rule: ``digit`` (paper: a boxed answer containing a digit), ``nonempty`` or ``any``.
-        number_fallback: Read a number as the answer when a response has no ``\\boxed{}``
-            (it then also counts as boxed for validity).
-        fallback_rule: Which number: ``last_number`` (the last one) or ``first_result`` (the result of the
-            first equation, so text after a one-line answer cannot cast the vote; see
-            :mod:`evolrl.rewards.answers`).
+        answers: How answers are read and which responses are valid (:class:`~evolrl.rewards.AnswerRules`).
     """
 
-    def __init__(self, valid_rule: ValidRule = "digit", number_fallback: bool = False,
-                 fallback_rule: FallbackRule = "last_number") -> None:
-        name = type(self).__name__
-        check_choice(f"{name}.valid_rule", valid_rule, VALID_RULES)
-        require(isinstance(number_fallback, bool), f"{name}.number_fallback", number_fallback, allowed="true or false")
-        check_choice(f"{name}.fallback_rule", fallback_rule, FALLBACK_RULES)
-        self.valid_rule = valid_rule
-        self.number_fallback = number_fallback
-        self.fallback_rule = fallback_rule
+    components = MappingProxyType({
+        "valid": "bool: its answer is valid (the reward's answers.valid_rule)",
+        "majority": "bool: its answer is equivalent to the group's majority label",
+        "answer_class": "int: its answer's equivalence class in the group, in order of appearance (-1: no answer)",
+        "trailing": "bool: a letter or digit follows its final answer (False without one)",
+    })
+
+    def __init__(self, answers: AnswerRules = EVERY_ANSWER) -> None:
+        check_rules(type(self).__name__, answers)
+        self.answers = answers
 
     def read(self, batch: RolloutBatch) -> AnswerSheet:
         """Answers, validity and the majority vote of every prompt (over valid answers only)."""
-        spans = tuple(tuple(read_answer(t, self.number_fallback, self.fallback_rule) for t in texts)
-                      for texts in batch.texts)
+        spans = tuple(tuple(self.answers.read(t) for t in texts) for texts in batch.texts)
         answers = tuple(tuple(None if s is None else s.answer for s in row) for row in spans)
-        valid = [[is_valid_answer(a, self.valid_rule) for a in row] for row in answers]
+        valid = [[self.answers.valid(a) for a in row] for row in answers]
         trailing = [[has_trailing_text(t, s) for t, s in zip(texts, row)] for texts, row in zip(batch.texts, spans)]
         classes = [group_answers([a if ok else None for a, ok in zip(*row)]) for row in zip(answers, valid)]
         winners = [majority_class(row) for row in classes]
@@ -69,6 +56,13 @@ class AnswerReward(Reward):
             spans=spans,
             trailing=torch.tensor(trailing, dtype=torch.bool),
         )
+
+    def output(self, sheet: AnswerSheet, rewards: Tensor, labels: tuple[str | None, ...] | None = None,
+               **parts: Tensor) -> RewardOutput:
+        """``rewards`` with the sheet's answers and components plus ``parts`` (each declared in
+        :attr:`components`); ``labels``: the majority labels unless given."""
+        return RewardOutput(rewards=rewards, answers=sheet.answers, labels=sheet.labels if labels is None else labels,
+                            components=Components({**sheet.components(), **parts}, self.components))
 
 
 @dataclass(frozen=True)
@@ -88,6 +82,6 @@ class AnswerSheet:
     """Whether a letter or digit follows the answer (``False`` without one)."""
 
     def components(self) -> dict[str, Tensor]:
-        """The reward components every answer-reading reward reports."""
+        """The reward components every answer-reading reward reports (declared in ``AnswerReward.components``)."""
         return {"valid": self.valid, "majority": self.majority, "answer_class": self.answer_class,
                 "trailing": self.trailing}

@@ -10,6 +10,7 @@ config to plug in another one (rewards that read answers start from
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 
 from evolrl.types import RewardOutput, RolloutBatch
 
@@ -20,6 +21,10 @@ class Reward(ABC):
     needs_answers = False
     """Whether it reads each prompt's ground truth: then ``fit`` checks every training prompt for one before the
     first step (``EvolRLModule.setup``), where a check per batch would meet a bad row only when the shuffle does."""
+
+    components: Mapping[str, str] = {}
+    """The named ``[P, V]`` parts of its outputs, name -> what each holds. Its outputs know only these names
+    (:class:`~evolrl.types.Components`), so reading a misspelt one raises instead of reading as absent."""
 
     needs_policy = False
     """Whether the reward reads the policy: then the module calls it as ``reward(batch, policy=PolicySignal)``

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
+from evolrl.rewards.answer_rules import AnswerRules
 from evolrl.rewards.answer_sheet import AnswerReward
-from evolrl.rewards.answers import FallbackRule, ValidRule
-from evolrl.rewards.novelty_bands import NoveltyBands
+from evolrl.rewards.novelty_bands import NOVELTY, NoveltyBands
 from evolrl.settings import require
 from evolrl.types import RewardOutput, RolloutBatch
+
+PAPER_ANSWERS = AnswerRules(valid_rule="digit", number_fallback=False)
+"""The paper's rules (its appendix A.3): a response is valid only with a boxed answer that holds a digit."""
 
 
 class EvolReward(AnswerReward):
@@ -18,20 +23,17 @@ class EvolReward(AnswerReward):
         novelty: The novelty bands: embedder, ``alpha`` and ``novelty_text`` (see
             :class:`~evolrl.rewards.NoveltyBands`); ``None`` means ``NoveltyBands()``, the packaged
             all-MiniLM-L6-v2 with ``alpha`` 0.5 on the whole response.
-        valid_rule: ``digit`` (paper), ``nonempty`` or ``any``.
-        number_fallback: Accept a bare number as the boxed answer.
-        fallback_rule: Which number the fallback reads: ``last_number`` or ``first_result`` (see
-            :mod:`evolrl.rewards.answers`).
+        answers: How answers are read; by default the paper's: only a boxed answer with a digit is valid.
     """
+
+    components = MappingProxyType({**AnswerReward.components, "novelty": NOVELTY})
 
     def __init__(
         self,
         novelty: NoveltyBands | None = None,
-        valid_rule: ValidRule = "digit",
-        number_fallback: bool = False,
-        fallback_rule: FallbackRule = "last_number",
+        answers: AnswerRules = PAPER_ANSWERS,
     ) -> None:
-        super().__init__(valid_rule, number_fallback, fallback_rule)
+        super().__init__(answers)
         require(novelty is None or isinstance(novelty, NoveltyBands), "EvolReward.novelty", novelty,
                 allowed="an evolrl.rewards.NoveltyBands or null for the default one")
         self.bands = novelty if novelty is not None else NoveltyBands()
@@ -39,9 +41,4 @@ class EvolReward(AnswerReward):
     def __call__(self, batch: RolloutBatch) -> RewardOutput:
         sheet = self.read(batch)
         rewards, novelty = self.bands(batch, sheet.majority, sheet.valid, spans=sheet.spans)
-        return RewardOutput(
-            rewards=rewards,
-            answers=sheet.answers,
-            labels=sheet.labels,
-            components={**sheet.components(), "novelty": novelty},
-        )
+        return self.output(sheet, rewards, novelty=novelty)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from evolrl.rewards.answer_rules import EVERY_ANSWER, AnswerRules
 from evolrl.rewards.answer_sheet import AnswerReward
-from evolrl.rewards.answers import FallbackRule, ValidRule
 from evolrl.types import RewardOutput, RolloutBatch
 
 
@@ -11,21 +11,12 @@ class MajorityVoteReward(AnswerReward):
     """``r = 1`` if the response's answer is equivalent to the majority label, else ``0``.
 
     Args:
-        valid_rule: Which responses take part in the vote (``any``: all with an answer, as in TTRL).
-        number_fallback: Read a number as the answer when there is no ``\\boxed{}``.
-        fallback_rule: Which number the fallback reads: ``last_number`` or ``first_result`` (see
-            :mod:`evolrl.rewards.answers`).
+        answers: How answers are read; by default every response with an answer votes, as in TTRL.
     """
 
-    def __init__(self, valid_rule: ValidRule = "any", number_fallback: bool = True,
-                 fallback_rule: FallbackRule = "last_number") -> None:
-        super().__init__(valid_rule, number_fallback, fallback_rule)
+    def __init__(self, answers: AnswerRules = EVERY_ANSWER) -> None:
+        super().__init__(answers)
 
     def __call__(self, batch: RolloutBatch) -> RewardOutput:
         sheet = self.read(batch)
-        return RewardOutput(
-            rewards=sheet.majority.float(),
-            answers=sheet.answers,
-            labels=sheet.labels,
-            components=sheet.components(),
-        )
+        return self.output(sheet, sheet.majority.float())

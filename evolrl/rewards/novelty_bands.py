@@ -16,7 +16,7 @@ last whenever the group agrees. ``until_answer``, a narrower reading of "the rea
 only up to where its final answer was read (the reward's own :class:`~evolrl.rewards.answers.AnswerSpan`: before
 the last non-empty box, or before the number the fallback read), without the answer and without anything after it,
 so trailing text cannot change a response's novelty.
-A response with no answer (valid only under ``valid_rule: any``) is embedded whole. A response that is only its
+A response with no answer (valid only under ``answers.valid_rule: any``) is embedded whole. A response that is only its
 answer ("\\boxed{20}") is embedded as the empty string: all such responses share one embedding, so they are
 equally novel among themselves (a group of them alone gets the middle of its band).
 """
@@ -37,6 +37,8 @@ from evolrl.types import RolloutBatch
 
 NoveltyText = Literal["response", "reasoning", "until_answer"]
 NOVELTY_TEXTS: tuple[str, ...] = ("response", "reasoning", "until_answer")
+NOVELTY = "float: EVOL-RL's novelty u (NaN where not embedded)"
+"""What the ``novelty`` component of a reward with novelty bands holds."""
 
 
 class NoveltyBands:

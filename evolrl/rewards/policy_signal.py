@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from evolrl.rewards.answer_rules import EVERY_ANSWER, AnswerRules
 from evolrl.rewards.answer_sheet import AnswerReward
-from evolrl.rewards.answers import FallbackRule, ValidRule
 from evolrl.types import RewardOutput, RolloutBatch
 
 
@@ -62,17 +62,13 @@ class PolicyReward(AnswerReward):
     (majority ratio, distinct answers, label accuracy), never for the reward.
 
     Args:
-        valid_rule: Which answers take part in the diagnostics' vote.
-        number_fallback: Read a number as the answer when there is no ``\\boxed{}``.
-        fallback_rule: Which number the fallback reads: ``last_number`` or ``first_result`` (see
-            :mod:`evolrl.rewards.answers`).
+        answers: How answers are read for the diagnostics' vote (never for the reward).
     """
 
     needs_policy = True
 
-    def __init__(self, valid_rule: ValidRule = "any", number_fallback: bool = True,
-                 fallback_rule: FallbackRule = "last_number") -> None:
-        super().__init__(valid_rule, number_fallback, fallback_rule)
+    def __init__(self, answers: AnswerRules = EVERY_ANSWER) -> None:
+        super().__init__(answers)
 
     def __call__(self, batch: RolloutBatch, policy: PolicySignal | None = None) -> RewardOutput:
         if policy is None:
@@ -81,11 +77,8 @@ class PolicyReward(AnswerReward):
         score, name = self.policy_rewards(policy)  # [P, G]
         sheet = self.read(batch)
         scored = policy.per_response(score, batch.group_size)
-        return RewardOutput(
-            rewards=scored, answers=sheet.answers, labels=sheet.labels,
-            components={**sheet.components(), name: scored},
-        )
+        return self.output(sheet, scored, **{name: scored})
 
     @abstractmethod
     def policy_rewards(self, policy: PolicySignal) -> tuple[Tensor, str]:
-        """``([P, G] rewards of the trained responses, component name)``."""
+        """``([P, G] rewards of the trained responses, component name)``; the name is one of :attr:`components`."""

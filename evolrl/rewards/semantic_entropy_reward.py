@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
+from evolrl.rewards.answer_rules import EVERY_ANSWER, AnswerRules
 from evolrl.rewards.answer_sheet import AnswerReward
-from evolrl.rewards.answers import FallbackRule, ValidRule
 from evolrl.types import RewardOutput, RolloutBatch
 
 
@@ -21,22 +23,18 @@ class SemanticEntropyReward(AnswerReward):
     its advantages are already 0).
 
     Args:
-        valid_rule: Which responses have an answer that counts (``any``: all with an answer).
-        number_fallback: Read a number as the answer when there is no ``\\boxed{}``.
-        fallback_rule: Which number the fallback reads: ``last_number`` or ``first_result`` (see
-            :mod:`evolrl.rewards.answers`).
+        answers: How answers are read and which count (by default every response with an answer).
     """
 
-    def __init__(self, valid_rule: ValidRule = "any", number_fallback: bool = True,
-                 fallback_rule: FallbackRule = "last_number") -> None:
-        super().__init__(valid_rule, number_fallback, fallback_rule)
+    components = MappingProxyType({**AnswerReward.components,
+                                   "cluster_share": "float: the share of the group in its answer's cluster"})
+
+    def __init__(self, answers: AnswerRules = EVERY_ANSWER) -> None:
+        super().__init__(answers)
 
     def __call__(self, batch: RolloutBatch) -> RewardOutput:
         sheet = self.read(batch)
         classes = sheet.answer_class  # [P, V], -1: no valid answer
         same = (classes[:, :, None] == classes[:, None, :]) & (classes[:, :, None] >= 0)  # [P, V, V]
         share = same.sum(-1).float() / classes.shape[1]  # [P, V]
-        return RewardOutput(
-            rewards=share, answers=sheet.answers, labels=sheet.labels,
-            components={**sheet.components(), "cluster_share": share},
-        )
+        return self.output(sheet, share, cluster_share=share)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from torch import Tensor
 
 from evolrl.rewards.policy_signal import PolicyReward, PolicySignal
@@ -18,11 +20,13 @@ class TokenEntropyReward(PolicyReward):
     (:class:`~evolrl.rewards.policy_signal.PolicySignal`); untrained responses get NaN.
 
     Args:
-        valid_rule: Which answers take part in the diagnostics' vote (not in the reward).
-        number_fallback: Read a number as the answer when there is no ``\\boxed{}``.
-        fallback_rule: Which number the fallback reads: ``last_number`` or ``first_result`` (see
-            :mod:`evolrl.rewards.answers`).
+        answers: How answers are read for the diagnostics' vote (never for the reward).
     """
+
+    components = MappingProxyType({
+        **PolicyReward.components,
+        "neg_entropy": "float: minus its mean token entropy under the policy (NaN where not scored)",
+    })
 
     def policy_rewards(self, policy: PolicySignal) -> tuple[Tensor, str]:
         return -policy.entropy, "neg_entropy"

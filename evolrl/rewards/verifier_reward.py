@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import torch
 
+from evolrl.rewards.answer_rules import AnswerRules
 from evolrl.rewards.answer_sheet import AnswerReward
-from evolrl.rewards.answers import FallbackRule, ValidRule
 from evolrl.rewards.equivalence import answers_equivalent
-from evolrl.rewards.novelty_bands import NoveltyBands
+from evolrl.rewards.novelty_bands import NOVELTY, NoveltyBands
 from evolrl.settings import require
 from evolrl.types import RewardOutput, RolloutBatch, unanswered
 
 ANSWER_HINT = ("Give those rows an answer (or set answer_field to the field that holds it), or train with a "
                "label-free reward (EvolReward, MajorityVoteReward).")
+
+BOXED_ANSWERS = AnswerRules(valid_rule="nonempty", number_fallback=False)
+"""A verifier's default rules: any non-empty boxed answer is graded; a response without a box is wrong."""
 
 
 class VerifierReward(AnswerReward):
@@ -24,20 +29,21 @@ class VerifierReward(AnswerReward):
     Args:
         novelty: ``None``: the plain 0/1 verifier. A :class:`~evolrl.rewards.NoveltyBands` (embedder,
             ``alpha``, ``novelty_text``): EVOL-RL's novelty bands on correct/incorrect.
-        valid_rule: ``digit``, ``nonempty`` or ``any``.
-        number_fallback: Accept a bare number as the answer.
-        fallback_rule: Which number the fallback reads: ``last_number`` or ``first_result`` (see
-            :mod:`evolrl.rewards.answers`).
+        answers: How answers are read; by default any boxed answer is valid, and only a boxed one is read.
     """
+
+    components = MappingProxyType({
+        **AnswerReward.components,
+        "correct": "bool: its answer is valid and equivalent to the prompt's ground truth",
+        "novelty": NOVELTY + "; only with novelty bands",
+    })
 
     def __init__(
         self,
         novelty: NoveltyBands | None = None,
-        valid_rule: ValidRule = "nonempty",
-        number_fallback: bool = False,
-        fallback_rule: FallbackRule = "last_number",
+        answers: AnswerRules = BOXED_ANSWERS,
     ) -> None:
-        super().__init__(valid_rule, number_fallback, fallback_rule)
+        super().__init__(answers)
         require(novelty is None or isinstance(novelty, NoveltyBands), "VerifierReward.novelty", novelty,
                 allowed="an evolrl.rewards.NoveltyBands, or null for the plain 0/1 verifier")
         self.bands = novelty
@@ -56,10 +62,8 @@ class VerifierReward(AnswerReward):
             ],
             dtype=torch.bool,
         )
-        components = {**sheet.components(), "correct": correct}
+        labels = tuple(p.answer for p in batch.prompts)
         if self.bands is None:
-            rewards = correct.float()
-        else:
-            rewards, components["novelty"] = self.bands(batch, correct, sheet.valid, spans=sheet.spans)
-        return RewardOutput(rewards=rewards, answers=sheet.answers, labels=tuple(p.answer for p in batch.prompts),
-                            components=components)
+            return self.output(sheet, correct.float(), labels, correct=correct)
+        rewards, novelty = self.bands(batch, correct, sheet.valid, spans=sheet.spans)
+        return self.output(sheet, rewards, labels, correct=correct, novelty=novelty)
