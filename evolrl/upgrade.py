@@ -15,11 +15,15 @@ from typing import Any
 
 import yaml
 
+ANSWER_RULES = ("valid_rule", "number_fallback", "fallback_rule")
 MOVED: dict[str, str] = {
     "model.loss.clip_low": "model.loss.policy_loss.init_args.clip_low",
     "model.loss.clip_high": "model.loss.policy_loss.init_args.clip_high",
     "model.loss.dual_clip": "model.loss.policy_loss.init_args.dual_clip",
     "model.loss.scale_by_std": "model.advantages.scale_by_std",
+    **{f"model.reward.{rule}": f"model.reward.init_args.answers.{rule}" for rule in ANSWER_RULES},
+    **{f"data.eval_sets.*.grader.{rule}": f"data.eval_sets.*.init_args.grader.init_args.answers.{rule}"
+       for rule in ANSWER_RULES[1:]},
 }
 """Old key -> new key. ``*`` stands for a list index; ``init_args`` levels are optional in the old key."""
 

@@ -29,11 +29,11 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
 
 from evolrl.callbacks import EvalView, TrainView
 from evolrl.data import AdditionPrompts, RolloutDataModule
+from evolrl.logprobs.sequences import Sequences
 from evolrl.models import load_policy, load_tokenizer
 from evolrl.rewards import MajorityVoteReward
 from evolrl.rollout import HFEngine, Sampling
 from evolrl.training import Batching, EvolRLModule, GRPOLoss, GRPOUpdate
-from evolrl.training.sequences import Sequences
 from evolrl.types import Prompt, ResponseGroup, RewardOutput, RolloutBatch
 
 CHATML = (

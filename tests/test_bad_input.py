@@ -287,6 +287,18 @@ def _loss(**kwargs):
     return GRPOLoss(**kwargs)
 
 
+def _surrogate(**kwargs):
+    from evolrl.algorithms import ClippedSurrogate
+
+    return ClippedSurrogate(**kwargs)
+
+
+def _advantages(**kwargs):
+    from evolrl.algorithms import GroupAdvantages
+
+    return GroupAdvantages(**kwargs)
+
+
 def _correction(name, **kwargs):
     from evolrl import algorithms
 
@@ -314,9 +326,11 @@ TRAINING_SETTINGS = [
     (lambda: _batching(logprob_chunk_size=0), "Batching.logprob_chunk_size", "0", ">= 1"),
     (lambda: _module(dtype="float64"), "EvolRLModule.dtype", "'float64'", "one of 'float32'"),
     (lambda: _module(cpu_keep_freed_memory="yes"), "EvolRLModule.cpu_keep_freed_memory", "'yes'", "true or false"),
-    (lambda: _loss(clip_low=1.0), "GRPOLoss.clip_low", "1.0", "in [0.0, 1.0)"),
-    (lambda: _loss(clip_high=-0.1), "GRPOLoss.clip_high", "-0.1", ">= 0.0"),
-    (lambda: _loss(dual_clip=0.5), "GRPOLoss.dual_clip", "0.5", "> 1.0"),
+    (lambda: _surrogate(clip_low=1.0), "ClippedSurrogate.clip_low", "1.0", "in [0.0, 1.0)"),
+    (lambda: _surrogate(clip_high=-0.1), "ClippedSurrogate.clip_high", "-0.1", ">= 0.0"),
+    (lambda: _surrogate(dual_clip=0.5), "ClippedSurrogate.dual_clip", "0.5", "> 1.0"),
+    (lambda: _loss(policy_loss="clipped"), "GRPOLoss.policy_loss", "'clipped'", "an evolrl.algorithms.PolicyLoss"),
+    (lambda: _advantages(scale_by_std="no"), "GroupAdvantages.scale_by_std", "'no'", "true or false"),
     (lambda: _loss(kl_coef=-1.0), "GRPOLoss.kl_coef", "-1.0", ">= 0.0"),
     (lambda: _loss(entropy_coef=float("nan")), "GRPOLoss.entropy_coef", "nan", "finite"),
     (lambda: _loss(aggregation="token_mean"), "GRPOLoss.aggregation", "'token_mean'",
@@ -370,7 +384,9 @@ def test_an_out_of_range_setting_fails_when_built(build, key, value, allowed):
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"model": {"batching": {"micro_batch_size": 0}}}, "Batching.micro_batch_size=0 is not allowed: an integer >= 1"),
     ({"data": {"sampling": {"top_p": 0.0}}}, "Sampling.top_p=0.0 is not allowed: a number in (0.0, 1.0]"),
-    ({"model": {"loss": {"clip_high": -0.2}}}, "GRPOLoss.clip_high=-0.2 is not allowed"),
+    ({"model": {"loss": {"policy_loss": {"class_path": "evolrl.algorithms.ClippedSurrogate",
+                                         "init_args": {"clip_high": -0.2}}}}},
+     "ClippedSurrogate.clip_high=-0.2 is not allowed"),
     ({"model": {"loss": {"mismatch_correction": {"class_path": "evolrl.algorithms.TokenTruncate",
                                                  "init_args": {"cap": 0.5}}}}},
      "TokenTruncate.cap=0.5 is not allowed: a number >= 1.0"),
@@ -639,3 +655,24 @@ def test_an_out_of_range_reward_or_source_setting_stops_the_cli(tmp_path, monkey
         main(["fit", "--config", str(CONFIGS / "demo.yaml"), "--config", str(path)])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_moved_key_names_its_new_place(tmp_path, monkeypatch, capsys):
+    """A config or argument written for the earlier layout stops as a usage error that names each key's new key."""
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump({"model": {"loss": {"clip_high": 0.2, "scale_by_std": False},
+                                             "reward": {"init_args": {"valid_rule": "any"}}},
+                                   "data": {"eval_sets": [{"init_args": {"grader": {"init_args": {
+                                       "fallback_rule": "first_result"}}}}]}}))
+    monkeypatch.setattr("sys.argv", ["evolrl"])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(CONFIGS / "demo.yaml"), "--config", str(old), "--model.loss.dual_clip=2"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    for old_key, new_key in [("model.loss.clip_high", "model.loss.policy_loss.init_args.clip_high"),
+                             ("model.loss.scale_by_std", "model.advantages.scale_by_std"),
+                             ("model.loss.dual_clip", "model.loss.policy_loss.init_args.dual_clip"),
+                             ("model.reward.init_args.valid_rule", "model.reward.init_args.answers.valid_rule"),
+                             ("data.eval_sets.0.init_args.grader.init_args.fallback_rule",
+                              "data.eval_sets.*.init_args.grader.init_args.answers.fallback_rule")]:
+        assert f"{old_key} moved to {new_key}" in err, err

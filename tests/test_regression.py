@@ -40,14 +40,14 @@ import torch
 import yaml
 from helpers import make_tiny_model, scalars
 
-from evolrl.algorithms import TokenMean, TokenTruncate, policy_loss
+from evolrl.algorithms import ClippedSurrogate, GroupAdvantages, TokenMean, TokenTruncate, policy_loss
 from evolrl.models import load_policy, load_tokenizer
 from evolrl.rewards import AnswerRules, EvolReward, NoveltyBands, SentenceTransformerEmbedder
 from evolrl.rollout import Rollouts
 from evolrl.rollout.engine import RolloutEngine, Sampling
 from evolrl.rollout.seeds import Seeds
 from evolrl.training.batching import Batching
-from evolrl.training.loss_settings import GRPOLoss
+from evolrl.training.loss import GRPOLoss
 from evolrl.training.optim import Optimization, build_optimizer, start_schedule
 from evolrl.training.scoring import score
 from evolrl.training.update import GRPOUpdate
@@ -56,8 +56,8 @@ from evolrl.types import Prompt, ResponseGroup
 RECORD = Path(__file__).parent / "regression" / "replay.json"
 RTOL, ATOL = 1e-3, 1e-10
 SEED, TEMPERATURE, STEPS, PROMPTS, V, G = 5, 0.8, 3, 2, 6, 4
-LOSS = {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 3.0, "kl_coef": 0.05, "entropy_coef": 0.01,
-        "mismatch_correction": TokenTruncate(cap=1.05)}
+LOSS = {"policy_loss": ClippedSurrogate(clip_low=0.2, clip_high=0.28, dual_clip=3.0), "kl_coef": 0.05,
+        "entropy_coef": 0.01, "mismatch_correction": TokenTruncate(cap=1.05)}
 OPTIM = {"lr": 3e-3, "warmup_ratio": 0.2, "weight_decay": 0.01}
 PLANS = {  # the same update, split two ways: the record uses the first
     "padded passes of 3": {"mini_batch_size": 5, "micro_batch_size": 3, "logprob_chunk_size": 7},
@@ -137,7 +137,8 @@ def replay(tiny_dir: str, record: dict, embedder, dtype: torch.dtype = torch.flo
     rollouts.push(policy, new_version=False)
     for step in steps:
         batch = rollouts.sample([g.prompt for g in step], [g.prompt_ids for g in step])
-        scored = score(reward, update, policy=policy, rollouts=batch, device=torch.device("cpu"))
+        scored = score(reward, GroupAdvantages(), batch, torch.device("cpu"), vocabulary=len(tokenizer),
+                       policy_pass=lambda seqs, temperature: update.policy_pass(policy, seqs, temperature))
         stats = update(policy, reference, scored.seqs, temperature=TEMPERATURE, optimizer=optimizer,
                        scheduler=scheduler)
         outcomes.append({"trained": batch.trained.tolist(), "rewards": scored.rewards.rewards.tolist(),
@@ -201,7 +202,7 @@ def changed(what: str, monkeypatch):
     with monkeypatch.context() as patch:
         if what == "policy-gradient sign":
             surrogate = policy_loss.clipped_surrogate
-            patch.setattr("evolrl.training.update.clipped_surrogate",
+            patch.setattr("evolrl.algorithms.policy_loss.clipped_surrogate",
                           lambda logp, old_logp, **k: surrogate(logp, old_logp,
                                                                 **{**k, "advantages": -k["advantages"]}))
         elif what == "normalizer per pass":
@@ -209,7 +210,7 @@ def changed(what: str, monkeypatch):
             patch.setattr(TokenMean, "__call__", lambda self, values, mask, normalizer: token_mean(self, values, mask))
         elif what == "clip bound on the other side":
             surrogate = policy_loss.clipped_surrogate
-            patch.setattr("evolrl.training.update.clipped_surrogate",
+            patch.setattr("evolrl.algorithms.policy_loss.clipped_surrogate",
                           lambda logp, old_logp, clip_low, clip_high, **k: surrogate(
                               logp, old_logp, clip_low=clip_high, clip_high=clip_low, **k))
         elif what == "another trained-subset stream":
@@ -250,7 +251,9 @@ def fit_config(tmp_path: Path, model: str) -> Path:
             "reward": {"class_path": "evolrl.rewards.EvolReward",
                        "init_args": {"answers": {"valid_rule": "any", "number_fallback": True},
                                      "novelty": {"alpha": 0.3}}},
-            "loss": {"clip_low": 0.2, "clip_high": 0.25, "kl_coef": 0.01, "entropy_coef": 0.002},
+            "loss": {"policy_loss": {"class_path": "evolrl.algorithms.ClippedSurrogate",
+                                     "init_args": {"clip_low": 0.2, "clip_high": 0.25}},
+                     "kl_coef": 0.01, "entropy_coef": 0.002},
             "optim": {"lr": 1e-4, "warmup_ratio": 0.2},
             "batching": {"mini_batch_size": 5, "micro_batch_size": 3},
         },
@@ -309,9 +312,9 @@ def make_groups(tiny_dir: str) -> dict:
 
     from evolrl.data import AdditionPrompts
     from evolrl.data.chat import PAPER_SYSTEM_PROMPT, render_prompt
+    from evolrl.logprobs.forward import sequence_logprobs
+    from evolrl.logprobs.sequences import trained_sequences
     from evolrl.rollout.engine import build_group
-    from evolrl.training.forward import sequence_logprobs
-    from evolrl.training.sequences import trained_sequences
     from evolrl.types import RolloutBatch
 
     tokenizer = load_tokenizer(tiny_dir)

@@ -21,11 +21,11 @@ from helpers import scalars, tiny_config
 
 from evolrl.algorithms import MismatchCorrection, SequenceMask, TokenTruncate
 from evolrl.data.chat import render_prompt
+from evolrl.logprobs.sequences import trained_sequences
 from evolrl.models import load_policy, load_tokenizer
 from evolrl.rollout import Sampling, VLLMEngine
 from evolrl.rollout.check import sampler_logprob_gap
 from evolrl.training import Batching, GRPOLoss, GRPOUpdate
-from evolrl.training.sequences import trained_sequences
 from evolrl.types import Prompt, RolloutBatch
 
 pytestmark = pytest.mark.vllm

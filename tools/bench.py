@@ -90,6 +90,7 @@ def peak_memory() -> dict[str, float]:
 def run_evolrl(a: argparse.Namespace) -> dict:
     import lightning as L
 
+    from evolrl.algorithms import ClippedSurrogate
     from evolrl.data import AdditionPrompts, RolloutDataModule
     from evolrl.rewards import AnswerRules, EvolReward
     from evolrl.rollout import HFEngine, Sampling
@@ -122,7 +123,7 @@ def run_evolrl(a: argparse.Namespace) -> dict:
     module = EvolRLModule(
         model=a.model,
         reward=EvolReward(answers=AnswerRules(valid_rule="digit", number_fallback=True)) if evol else shared_reward(),
-        loss=GRPOLoss(clip_low=0.2, clip_high=0.2, dual_clip=None, kl_coef=0.0, entropy_coef=0.0),
+        loss=GRPOLoss(ClippedSurrogate(clip_low=0.2, clip_high=0.2, dual_clip=None), kl_coef=0.0, entropy_coef=0.0),
         optim=Optimization(lr=a.lr, warmup_ratio=0.0, weight_decay=0.0),
         batching=Batching(mini_batch_size=a.prompts * group, micro_batch_size=min(a.micro_batch, a.prompts * group)),
         gradient_checkpointing=a.gradient_checkpointing,
