@@ -1,4 +1,4 @@
-"""What the tests share (pytest puts tests/ and tools/ on the path: pyproject's ``pythonpath``).
+"""What the tests share (pytest puts tests/ and the repository root on the path: pyproject's ``pythonpath``).
 
 * Models: :func:`make_tiny_model`, a tiny random Llama with a real (small) BPE tokenizer and a ChatML template, built
   from a config and loaded through the same ``from_pretrained`` path a user's model takes (a 300-token vocabulary

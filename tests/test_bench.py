@@ -1,4 +1,4 @@
-"""tools/bench.py runs end to end (evolrl and TRL on the tiny model); timings are not asserted."""
+"""python -m tools.bench.bench runs end to end (evolrl and TRL on the tiny model); timings are not asserted."""
 
 from __future__ import annotations
 
@@ -20,11 +20,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 def test_bench_prints_both_frameworks_and_their_ratio():
-    tool = Path(__file__).parent.parent / "tools" / "bench.py"
-    cmd = [sys.executable, str(tool), "--models", "tiny", "--steps", "2", "--repeats", "1", "--skip-checks",
-           "--max-new-tokens", "8", "--group", "4", "--micro-batch", "4", "--prompts", "2"]
+    cmd = [sys.executable, "-m", "tools.bench.bench", "--models", "tiny", "--steps", "2", "--repeats", "1",
+           "--skip-checks", "--max-new-tokens", "8", "--group", "4", "--micro-batch", "4", "--prompts", "2"]
     result = subprocess.run(cmd, check=False, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                            timeout=1200)
+                            timeout=1200, cwd=Path(__file__).parent.parent)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| (evolrl|trl) \| ([^\n]+)$", result.stdout, re.MULTILINE)}
     assert set(rows) == {"evolrl", "trl"}, result.stdout

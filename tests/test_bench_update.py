@@ -1,5 +1,5 @@
-"""tools/bench_update.py --quick --profile 5 --budget 192 runs end to end (tiny model, padded and packed update);
-timings are not asserted."""
+"""python -m tools.bench.bench_update --quick --profile 5 --budget 192 runs end to end (tiny model, padded and packed
+update); timings are not asserted."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
+ROOT = Path(__file__).parent.parent
+
 
 def test_bench_update_quick_prints_both_paths_and_the_memory_check():
-    tool = Path(__file__).parent.parent / "tools" / "bench_update.py"
-    result = subprocess.run([sys.executable, str(tool), "--quick", "--profile", "5", "--budget", "192"], check=False,
-                            capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
+    result = subprocess.run([sys.executable, "-m", "tools.bench.bench_update", "--quick", "--profile", "5", "--budget",
+                             "192"], check=False, capture_output=True, text=True, cwd=ROOT,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "packed: budget 192 tokens" in result.stdout  # a flag beside a preset overrides the preset's value
     rows = {m.group(1): m.group(2).split(" | ")
@@ -40,21 +42,21 @@ def test_bench_update_quick_prints_both_paths_and_the_memory_check():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bench_update_on_a_gpu_prints_the_kernel_profile_and_the_memory_estimate():
     """The CUDA path: a named Qwen3 shape with random weights, FSDP2 over a mesh of the one GPU, the busy fraction,
-    launches and top kernels of one update, and the measured peak beside tools/gpu_budget.py's estimate."""
-    tool = Path(__file__).parent.parent / "tools" / "bench_update.py"
-    result = subprocess.run([sys.executable, str(tool), "--quick", "--device", "cuda", "--models", "qwen3-0.6b",
-                             "--profile", "5", "--budget", "192", "--check-longest", "0"], check=False,
-                            capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=900)
+    launches and top kernels of one update, and the measured peak beside tools.commands.gpu_budget's estimate."""
+    result = subprocess.run([sys.executable, "-m", "tools.bench.bench_update", "--quick", "--device", "cuda", "--models",
+                             "qwen3-0.6b", "--profile", "5", "--budget", "192", "--check-longest", "0"], check=False,
+                            capture_output=True, text=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                            timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(re.findall(r"^GPU busy [\d.]+ of the update \([\d.]+ s of kernels\), \d+ kernel launches, \d+ kernels$",
                           result.stdout, re.MULTILINE)) == 2, result.stdout
-    assert re.search(r"^heavy, packed: peak [\d.]+ GiB allocated; tools/gpu_budget.py estimates [\d.]+ GiB",
+    assert re.search(r"^heavy, packed: peak [\d.]+ GiB allocated; tools.commands.gpu_budget estimates [\d.]+ GiB",
                      result.stdout, re.MULTILINE), result.stdout
     assert re.search(r"^card peak: ", result.stdout, re.MULTILINE)
 
 
 def test_a_failed_childs_report_keeps_the_exception_lines_a_long_dump_pushes_out_of_the_tail():
-    from _common import failure_report
+    from tools.common import failure_report
 
     dump = "\n".join(f"[rank0]:   InputBuffer(name='arg{i}_1', layout=FixedLayout('cuda:0'))" for i in range(2000))
     stderr = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
@@ -68,7 +70,7 @@ def test_a_failed_childs_report_keeps_the_exception_lines_a_long_dump_pushes_out
 
 
 def test_a_compiled_case_reports_its_warm_up_and_the_graphs_traced_before_and_during_the_timed_updates(tiny_model):
-    from bench_update import compile_line, responses, run_case
+    from tools.bench.bench_update import compile_line, responses, run_case
 
     prompt = 12
     draws = [[prompt + n for n in responses("heavy", 4, median=24, sigma=1.0, cap=64, seed=s)] for s in (0, 1)]

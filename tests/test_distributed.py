@@ -15,7 +15,7 @@ from helpers import tied_qwen3
 from evolrl.data.loader import PromptLoader
 from evolrl.rollout import Seeds
 
-TOOLS = Path(__file__).parent.parent / "tools"
+ROOT = Path(__file__).parent.parent
 
 
 def test_each_rank_gets_disjoint_whole_batches():
@@ -30,11 +30,11 @@ def test_each_rank_gets_disjoint_whole_batches():
 
 
 def fsdp_check(out: Path, model: str, *args: str) -> list[dict]:
-    """Run tools/fsdp_check.py; the per-rank reports."""
+    """Run ``python -m tools.bench.fsdp_check``; the per-rank reports."""
     launcher = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK")
     env = {**{k: v for k, v in os.environ.items() if k not in launcher}, "HF_HUB_OFFLINE": "1"}  # a fresh group
-    result = subprocess.run([sys.executable, str(TOOLS / "fsdp_check.py"), model, str(out), *args],
-                            check=False, capture_output=True, text=True, env=env, timeout=600)
+    result = subprocess.run([sys.executable, "-m", "tools.bench.fsdp_check", model, str(out), *args],
+                            check=False, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     return [json.loads(path.read_text()) for path in sorted(out.glob("rank*.json"))]
 
@@ -60,9 +60,8 @@ def test_fsdp_on_two_processes_ends_with_identical_full_weights_in_the_engine(tw
 
 def weights_digest(model_dir: str, dtype: torch.dtype = torch.float32) -> str:
     """Digest (fsdp_check's) of the model's weights as loaded whole, in ``dtype``."""
-    from fsdp_check import digest
-
     from evolrl.models import load_policy
+    from tools.bench.fsdp_check import digest
 
     return digest(load_policy(model_dir).to(dtype).state_dict())
 
@@ -142,7 +141,7 @@ def test_a_sharded_checkpoint_exports_to_the_final_weights(two_ranks, tmp_path):
     out, ranks = two_ranks
     export_checkpoint(str(out / "checkpoints" / "step=3.ckpt"), str(tmp_path / "hf"), dtype="float32")
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
-    from fsdp_check import digest
+    from tools.bench.fsdp_check import digest
 
     assert digest(model.state_dict()) == ranks[0]["final"]
 

@@ -1,5 +1,6 @@
-"""tools/gpu_check.py in its CPU mode, for real on tiny shapes: the report's structure, and broken inputs reported as
-FAILED (a KL reference with bf16 rotary buffers, an update setting out of range, a fit the CLI refuses)."""
+"""python -m tools.commands.gpu_check in its CPU mode, for real on tiny shapes: the report's structure, and broken
+inputs reported as FAILED (a KL reference with bf16 rotary buffers, an update setting out of range, a fit the CLI
+refuses)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import copy
 import importlib.util
 import re
 
-import gpu_check
-import gpu_check_probes
 import pytest
 import torch
+
+from tools.commands.gpu_check import check as gpu_check
+from tools.commands.gpu_check import probes as gpu_check_probes
 
 pytestmark = pytest.mark.slow  # each builds and runs a model, the fit test starts the CLI: ~15 s apiece on 2 cores
 HEADING = re.compile(r"^## (\d)\. ([a-z-]+): (ok|FAILED|skipped) \(\d+ s\)$", re.MULTILINE)

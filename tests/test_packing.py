@@ -70,7 +70,7 @@ def test_the_gpu_backend_order_is_set_inside_and_restored_after(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_sequencewise_attention_on_a_gpu_runs_flash_not_cudnn(tiny_model):
     """A packed row's per-sequence sdpa calls run flash attention, forward and backward (``GPU_BACKENDS``), not cuDNN's,
-    which torch's own order picks on a Hopper card and which builds a plan for every new length (tools/bench_sdpa.py
+    which torch's own order picks on a Hopper card and which builds a plan for every new length (tools.bench.bench_sdpa
     on an H200: 16 sequences of new lengths, 1.8 s under cuDNN, 0.013 s under flash)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile

@@ -1,10 +1,9 @@
-"""Where a response's final answer starts, tokens before it, and the guess floor (tools/probe_responses.py)."""
+"""Where a response's final answer starts, tokens before it, and the guess floor (tools.study.probe_responses)."""
 
 import json
 
 import lightning as L
 import pytest
-from probe_responses import answer_start, read_rows, response_measures, tokens_before_answer
 
 from evolrl.callbacks import EvalResponses
 from evolrl.data import EvalSet, RolloutDataModule, WordProblems
@@ -12,6 +11,7 @@ from evolrl.models import load_tokenizer
 from evolrl.rewards.answers import extract_answer
 from evolrl.rollout import HFEngine, Sampling
 from evolrl.training import EvolRLModule
+from tools.study.probe_responses import answer_start, read_rows, response_measures, tokens_before_answer
 
 
 @pytest.mark.parametrize(("text", "prefix"), [

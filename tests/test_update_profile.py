@@ -1,4 +1,4 @@
-"""tools/update_profile.py: the busy-time arithmetic by hand, the named shapes; bench_update's operator count (the
+"""tools.bench.update_profile: the busy-time arithmetic by hand, the named shapes; bench_update's operator count (the
 CPU's launch proxy) on a real update."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from functools import partial
 
 import pytest
 import torch
-from bench_update import operator_times
 from helpers import mixed_sequences
-from update_profile import QWEN3, computes, covered, cpu_kernel_calls, kernel_summary, write_random_model
 
 from evolrl.models import load_policy
 from evolrl.training import Batching, GRPOLoss
 from evolrl.training.optim import Optimization, build_optimizer, start_schedule
 from evolrl.training.update import GRPOUpdate
+from tools.bench.bench_update import operator_times
+from tools.bench.update_profile import QWEN3, computes, covered, cpu_kernel_calls, kernel_summary, write_random_model
 
 
 def test_covered_counts_overlaps_once():
@@ -99,7 +99,8 @@ def test_named_shapes_are_qwen3s_published_sizes(tmp_path, monkeypatch):
     """Parameter counts of the named shapes against the published sizes (0.6B ... 8B), built on the meta device; and
     one written with random weights loads as the policy (the smallest, shrunk to 2 layers to keep it quick)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
-    from update_profile import QWEN3_COMMON
+
+    from tools.bench.update_profile import QWEN3_COMMON
 
     published = {"qwen3-0.6b": 0.6e9, "qwen3-1.7b": 1.7e9, "qwen3-4b": 4.0e9, "qwen3-8b": 8.2e9}
     for name, fields in QWEN3.items():
@@ -118,7 +119,7 @@ def test_named_shapes_are_qwen3s_published_sizes(tmp_path, monkeypatch):
 def test_kernel_calls_by_where_they_ran():
     """Every call is placed once; the second backward adds into the existing ``.grad`` of each of the layer's two
     parameters (the first backward assigns them), a custom function's forward is named by its class."""
-    from update_profile import cpu_kernel_profile
+    from tools.bench.update_profile import cpu_kernel_profile
 
     layer, x = torch.nn.Linear(4, 4), torch.randn(3, 4)
 
@@ -149,7 +150,7 @@ def test_gpu_idle_is_charged_to_the_innermost_cpu_event_of_the_gap():
     thread's event that began earlier and is still open at 25 (`autograd`, [5, 30]) is not the innermost."""
     from types import SimpleNamespace
 
-    from update_profile import NO_OPERATOR, idle_by_cpu
+    from tools.bench.update_profile import NO_OPERATOR, idle_by_cpu
 
     def event(name, start, end, parent=None):
         return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end), cpu_parent=parent)

@@ -227,9 +227,9 @@ def test_a_two_step_cli_run_writes_the_mismatch_tags(tmp_path, tiny_model, monke
 
 
 def test_the_gap_tool_measures_the_floor_at_the_demo_settings(tiny_model):
-    """tools/mismatch_gap.py (the README's demo figure) with the tiny model, both sides float32: the floor."""
+    """tools.commands.mismatch_gap (the README's demo figure) with the tiny model, both sides float32: the floor."""
 
-    from mismatch_gap import DEMO, measure
+    from tools.commands.mismatch_gap import DEMO, measure
 
     result = measure([str(DEMO)], 1, engine_dtype="float32", precision="32-true", model=tiny_model)
     assert result["responses"] == 64 and result["temperature"] == 0.7 and result["tokens"] > 64

@@ -4,7 +4,7 @@ glibc's ``malloc`` serves any allocation above its mmap threshold (at most 32 Mi
 and unmaps it on ``free``. A CPU training step allocates and frees such buffers all the time (the vocabulary-sized
 log-softmax chunks, bf16 copies of the LM head, weight gradients), so each one is page-faulted in again, a page at a
 time: at the demo's settings about a quarter of the update went to that. Raising the mmap and trim thresholds to
-1 GiB keeps freed blocks in the heap, where the next allocation of that size reuses them (``tools/bench_update.py
+1 GiB keeps freed blocks in the heap, where the next allocation of that size reuses them (``tools.bench.bench_update
 --demo`` measures the update both ways). Peak RSS stays the same there, because the step's peak is reached with those
 buffers live anyway; freed memory below the trim threshold is kept, not returned to the OS, between steps.
 

@@ -44,7 +44,7 @@ class Batching:
     reduce_every_pass: bool = False
     """Under FSDP, reduce-scatter the gradients after every pass instead of once per mini-batch (its last pass): one
     collective per pass, but the full float32 gradients are never held unsharded between passes (4B: 15 GiB a rank;
-    ``tools/gpu_budget.py --reduce-every-pass`` estimates both)."""
+    ``python -m tools.commands.gpu_budget --reduce-every-pass`` estimates both)."""
 
     def __post_init__(self) -> None:
         check_int("Batching.mini_batch_size", self.mini_batch_size, 1)

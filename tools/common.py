@@ -1,5 +1,5 @@
-"""What the benchmarks share: this process's memory as Linux reports it, the times of repeated calls, and this
-machine's matmul rate, a free port for a process group, the report of a failed child process."""
+"""What the tools share: the repository root, this process's memory as Linux reports it, the times of repeated
+calls, this machine's matmul rate, a free port for a process group, the report of a failed child process."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+"""The repository root: the working directory of ``python -m tools....`` children, so that ``tools`` imports."""
 
 
 def status_mib(field: str = "VmRSS") -> float:

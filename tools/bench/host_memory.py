@@ -1,8 +1,8 @@
 """Peak host memory per rank while the policy and its reference are built for FSDP2: old loading vs new, one run.
 
-    python tools/host_memory.py                          # a random ~270M-parameter Llama (bf16 safetensors, temp dir)
-    python tools/host_memory.py --model MODEL            # any model string evolrl loads (directory, .gguf, pkg://...)
-    python tools/host_memory.py --precision 32-true      # the reference in float32 too
+    python -m tools.bench.host_memory                      # a random ~270M-parameter Llama (bf16 safetensors, temp dir)
+    python -m tools.bench.host_memory --model MODEL        # any model string evolrl loads (directory, .gguf, pkg://...)
+    python -m tools.bench.host_memory --precision 32-true  # the reference in float32 too
 
 For each loading, fresh CPU processes (gloo, ``--ranks`` of them) build what ``EvolRLModule.configure_model``
 builds under ModelParallelStrategy with ``kl_coef > 0`` (policy + reference), and report the resident set size
@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import free_port, status_mib
+from tools.common import ROOT, free_port, status_mib
 
 LOADINGS = ("every-rank", "rank0")
 
@@ -82,8 +82,8 @@ def random_llama(directory: Path) -> str:
 def measure(loading: str, model: str, precision: str, ranks: int) -> list[dict]:
     port = free_port()
     procs = [subprocess.Popen(
-        [sys.executable, __file__, "--worker", loading, "--model", model, "--precision", precision],
-        stdout=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "tools.bench.host_memory", "--worker", loading, "--model", model, "--precision",
+         precision], stdout=subprocess.PIPE, text=True, cwd=ROOT,
         env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
              "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(r)}) for r in range(ranks)]
     reports = []
@@ -96,7 +96,8 @@ def measure(loading: str, model: str, precision: str, ranks: int) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.host_memory",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="model string (default: a random ~270M Llama in a temp dir)")
     parser.add_argument("--precision", default="bf16-mixed", help="trainer precision (sets the reference dtype)")
     parser.add_argument("--ranks", type=int, default=2)

@@ -5,9 +5,9 @@ pass@K, mean response length (tokens) and policy entropy (nats per token); one l
 can be overlaid. Runs that share a label are seeds of one method: their mean is drawn, with a band from their
 minimum to their maximum at each step (the legend says how many seeds).
 
-    python tools/plot_dynamics.py runs/demo/version_0 runs/demo_ttrl/version_0 \\
+    python -m tools.commands.plot_dynamics runs/demo/version_0 runs/demo_ttrl/version_0 \\
         --labels EVOL-RL TTRL --out dynamics.png
-    python tools/plot_dynamics.py runs/study/evol/seed* runs/study/ttrl/seed* \\
+    python -m tools.commands.plot_dynamics runs/study/evol/seed* runs/study/ttrl/seed* \\
         --labels EVOL-RL EVOL-RL EVOL-RL TTRL TTRL TTRL --pass-k 16 --out study.png
 """
 
@@ -100,7 +100,8 @@ def plot(run_dirs: list[Path], labels: list[str], out: Path, eval_set: str | Non
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.commands.plot_dynamics",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (or event files)")
     parser.add_argument("--labels", nargs="+", help="legend label per run (default: the directory names)")
     parser.add_argument("--eval-set", help="evaluation set for the pass@1 panel (default: the first logged)")

@@ -1,8 +1,9 @@
 """Estimated per-GPU memory of a paper run, component by component, with and without vLLM's sleep mode.
 
-    python tools/gpu_budget.py                        # Qwen3-4B-Base, configs/paper (8 x 80 GB)
-    python tools/gpu_budget.py --config path/to/config.json --gpus 8 --gpu-gib 80
-    python tools/gpu_budget.py --gpus 1 --no-vllm --no-embedder --sgd   # the trainer alone, as measured on one H100
+    python -m tools.commands.gpu_budget                      # Qwen3-4B-Base, configs/paper (8 x 80 GB)
+    python -m tools.commands.gpu_budget --config path/to/config.json --gpus 8 --gpu-gib 80
+    python -m tools.commands.gpu_budget --gpus 1 --no-vllm --no-embedder --sgd   # the trainer alone (one H100)
+    python -m tools.commands.gpu_budget --gpus 1 --lora-rank 32 --sleep --shape 8b   # configs/paper/lora.yaml
 
 Every figure is an *estimate* from the model's shape and the run's settings (formulas below, next to
 each line). One line is fitted to GPU measurements instead: on one H100 80 GB the update's peak exceeded the
@@ -14,6 +15,11 @@ most 32,768 tokens (``max_tokens_per_micro_batch``), the LM head fused into the 
 instead: the update before both, N right-padded sequences of full length per pass and the model's logits),
 gradient checkpointing, bf16 compute with fp32 master weights sharded by FSDP2 (bf16
 all-gathers), the frozen reference in bf16, Qwen3-Embedding-4B in bf16 embedding 8 texts at a time.
+
+``--lora-rank R`` estimates a LoRA run (``model.lora``): the base frozen in bf16 (no fp32 master copy, no
+gradient, no optimizer state, no separate reference: the reference is the base with the adapters off), float32
+adapters of rank R on every linear layer of attention and the MLP with their gradients and AdamW moments, and the
+fused head without its weight gradient (the head is frozen).
 """
 
 from __future__ import annotations
@@ -36,12 +42,24 @@ class Shape:
     head_dim: int
     intermediate: int
     vocab: int
+    heads: int
+
+    def lora_params(self, rank: int) -> float:
+        """Adapter parameters of rank ``rank`` on q, k, v, o, gate, up and down: ``rank x (in + out)`` each."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        per_layer = (self.hidden + q) * 2 + (self.hidden + kv) * 2 + (self.hidden + self.intermediate) * 3
+        return rank * per_layer * self.layers
 
 
-QWEN3_4B = Shape(params=4.02e9, hidden=2560, layers=36, kv_heads=8, head_dim=128, intermediate=9728, vocab=151936)
+QWEN3_4B = Shape(params=4.02e9, hidden=2560, layers=36, kv_heads=8, head_dim=128, intermediate=9728, vocab=151936,
+                 heads=32)
 """Qwen3-4B-Base's published config.json (the policy); Qwen3-Embedding-4B has the same decoder shape."""
-QWEN3_1_7B = Shape(params=1.72e9, hidden=2048, layers=28, kv_heads=8, head_dim=128, intermediate=6144, vocab=151936)
+QWEN3_1_7B = Shape(params=1.72e9, hidden=2048, layers=28, kv_heads=8, head_dim=128, intermediate=6144, vocab=151936,
+                   heads=16)
 """Qwen3-1.7B-Base's published config.json (tied embeddings)."""
+QWEN3_8B = Shape(params=8.19e9, hidden=4096, layers=36, kv_heads=8, head_dim=128, intermediate=12288, vocab=151936,
+                 heads=32)
+"""Qwen3-8B-Base's published config.json."""
 
 
 def from_config(path: str) -> Shape:
@@ -56,13 +74,14 @@ def from_config(path: str) -> Shape:
     head_dim = cfg.get("head_dim") or hidden // heads
     attention = hidden * head_dim * (heads * 2 + kv * 2)  # q, o, k, v
     params = layers * (attention + 3 * hidden * inter) + vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
-    return Shape(params, hidden, layers=layers, kv_heads=kv, head_dim=head_dim, intermediate=inter, vocab=vocab)
+    return Shape(params, hidden, layers=layers, kv_heads=kv, head_dim=head_dim, intermediate=inter, vocab=vocab,
+                 heads=heads)
 
 
 def budget(m: Shape, gpus: int, gpu_gib: float, vllm_fraction: float, samples: int, prompt: int, new: int,
            micro: int | None, max_tokens: int, embed_batch: int,
            chunk: int = 1024, adamw: bool = True,
-           reduce_every_pass: bool = False) -> list[tuple[str, str, float, float]]:
+           reduce_every_pass: bool = False, lora_rank: int = 0) -> list[tuple[str, str, float, float]]:
     """``(component, formula, GiB while sampling, GiB during the update)`` rows, without sleep mode."""
     tokens = prompt + new
     shard = m.params / gpus
@@ -91,11 +110,21 @@ def budget(m: Shape, gpus: int, gpu_gib: float, vllm_fraction: float, samples: i
         ("activations (checkpointed)", f"{pass_text} tokens x hidden x layers x 2 B + one block recomputed",
          0.0, (mb_tokens * m.hidden * m.layers * 2 + mb_tokens * (3 * m.intermediate + 6 * m.hidden) * 2) / GIB),
     ]
+    if lora_rank:  # the trainer's weights, gradients and optimizer state: a frozen bf16 base and fp32 adapters
+        lora = m.lora_params(lora_rank)
+        rows[3:7] = [
+            ("frozen base shard (bf16)", f"params / {gpus} x 2 B", shard * 2 / GIB, shard * 2 / GIB),
+            (f"adapters, rank {lora_rank} (fp32)", f"{lora / 1e6:.0f}M x 4 B", lora * 4 / GIB, lora * 4 / GIB),
+            ("adapter gradients (fp32)", f"{lora / 1e6:.0f}M x 4 B", 0.0, lora * 4 / GIB),
+            ("AdamW moments (fp32)", f"2 x {lora / 1e6:.0f}M x 4 B", lora * 8 * adamw / GIB, lora * 8 * adamw / GIB),
+        ]
     rows.append(("not itemized (fitted to H100 measurements)", "params x 2 B", 0.0, m.params * 2 / GIB))
     if micro:  # the model's logits, [micro, new, vocab], and their gradient
         rows.append(("logits + their gradient (bf16) + fp32 chunk",
                      f"2 x {micro} x {new} x vocab x 2 B + 3 x {chunk} x vocab x 4 B",
                      0.0, (2 * micro * new * m.vocab * 2 + 3 * chunk * m.vocab * 4) / GIB))
+    elif lora_rank:  # chunked_head.py: a frozen head has no weight gradient, only a chunk's fp32 buffers
+        rows.append(("fused LM head: chunk buffers", f"4 x {chunk} x vocab x 4 B", 0.0, 4 * chunk * m.vocab * 4 / GIB))
     else:  # chunked_head.py: a chunk's fp32 buffers, the fp32 weight-gradient sum and one bf16 [V, H] product
         formula = f"4 x {chunk} x vocab x 4 B + vocab x hidden x (4 + 2) B"
         rows.append(("fused LM head: chunk + weight-gradient buffers", formula, 0.0, (4 * chunk * m.vocab * 4 + m.vocab * m.hidden * 6) / GIB))
@@ -110,9 +139,11 @@ def budget(m: Shape, gpus: int, gpu_gib: float, vllm_fraction: float, samples: i
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.commands.gpu_budget",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="a Hugging Face config.json (default: --shape)")
-    parser.add_argument("--shape", choices=("4b", "1.7b"), default="4b", help="Qwen3-4B-Base's or Qwen3-1.7B's")
+    parser.add_argument("--shape", choices=("4b", "1.7b", "8b"), default="4b", help="Qwen3-4B, 1.7B or 8B-Base's")
+    parser.add_argument("--lora-rank", type=int, default=0, help="a LoRA run's adapter rank (0: full fine-tuning)")
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--gpu-gib", type=float, default=80.0)
     parser.add_argument("--vllm-fraction", type=float, default=0.4, help="the engine's gpu_memory_utilization")
@@ -131,11 +162,11 @@ def main() -> None:
     parser.add_argument("--sleep-residual-gib", type=float, default=1.0,
                         help="what a sleeping engine keeps on the GPU (CUDA context, buffers; an assumption)")
     args = parser.parse_args()
-    shape = from_config(args.config) if args.config else {"4b": QWEN3_4B, "1.7b": QWEN3_1_7B}[args.shape]
+    shape = from_config(args.config) if args.config else {"4b": QWEN3_4B, "1.7b": QWEN3_1_7B, "8b": QWEN3_8B}[args.shape]
     rows = budget(shape, args.gpus, gpu_gib=args.gpu_gib, vllm_fraction=args.vllm_fraction, samples=args.samples,
                   prompt=args.prompt, new=args.new, micro=args.micro, max_tokens=args.max_tokens,
                   embed_batch=args.embed_batch, adamw=not args.sgd,
-                  reduce_every_pass=args.reduce_every_pass)
+                  reduce_every_pass=args.reduce_every_pass, lora_rank=args.lora_rank)
     dropped = {0} if args.no_vllm else set()
     dropped |= {1, 2} if args.no_embedder else set()
     rows = [(name, formula, 0.0, 0.0) if i in dropped else (name, formula, a, b)

@@ -1,6 +1,6 @@
 """Export a training checkpoint as a Hugging Face model directory (safetensors + tokenizer).
 
-    python tools/export_hf.py runs/demo/version_0/checkpoints/last.ckpt exported/
+    python -m tools.commands.export_hf runs/demo/version_0/checkpoints/last.ckpt exported/
     python -c "from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained('exported')"
 """
 
@@ -12,7 +12,8 @@ from evolrl.training.export import export_checkpoint
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.commands.export_hf",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a .ckpt written by `python -m evolrl fit` (a file, or the directory of "
                                            "a sharded checkpoint from a run on several devices)")
     parser.add_argument("out_dir", help="directory to write")

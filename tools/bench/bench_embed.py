@@ -4,8 +4,8 @@ Prints the median wall time of one step's embedding (all P*V texts in one call),
 of the peer pattern (one call per prompt, as the authors' reward manager did),
 their ratio, and the cost of the similarity/band math on the result.
 
-    python tools/bench_embed.py                 # P=8, V=64, packaged all-MiniLM-L6-v2, CPU
-    python tools/bench_embed.py --model Qwen/Qwen3-Embedding-4B --device cuda --dtype bfloat16
+    python -m tools.bench.bench_embed           # P=8, V=64, packaged all-MiniLM-L6-v2, CPU
+    python -m tools.bench.bench_embed --model Qwen/Qwen3-Embedding-4B --device cuda --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import random
 import statistics
 
-from _common import call_times
+from tools.common import call_times
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -48,7 +48,8 @@ def median_time(fn, repeats: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.bench_embed",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=8, help="P")
     parser.add_argument("--votes", type=int, default=64, help="V, responses per prompt")
     parser.add_argument("--words", type=int, default=190, help="words per response (~300 MiniLM tokens)")

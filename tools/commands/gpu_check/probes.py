@@ -1,11 +1,11 @@
-"""The in-process measurements of ``tools/gpu_check.py``: the KL reference at long positions, and one update.
+"""The in-process measurements of the GPU check: the KL reference at long positions, and one update.
 
 KL: the policy and its reference as ``evolrl.training.build.build_models`` makes them for a ``bf16-mixed`` run
 (float32 master weights, reference in ``reference_dtype`` bfloat16), at identical weights, both scored under bf16
 autocast as the update scores them (``sequence_logprobs``, the fused head) over one long sequence of random tokens.
 Any difference is numerics; one that grows with position is rotary angles computed from rounded frequencies.
 
-Update: ``GRPOUpdate`` as ``tools/bench_update.py`` builds it (its sequences and FLOP count), on this device:
+Update: ``GRPOUpdate`` as ``tools.bench.bench_update`` builds it (its sequences and FLOP count), on this device:
 packed passes under a token budget, gradient checkpointing, KL and entropy terms, fused AdamW.
 """
 
@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 
 import torch
-from _common import reset_peak, status_mib
-from bench_update import counted_weights, make_sequences, responses, update_flops
+
+from tools.bench.bench_update import counted_weights, make_sequences, responses, update_flops
+from tools.common import reset_peak, status_mib
 
 GIB = 2**30
 
@@ -39,7 +40,7 @@ def kl_at_positions(model_dir: Path, length: int, bands: list[tuple[int, int]], 
     """Mean |log p_policy - log p_reference| per band of positions, k3 KL per band and overall, and the reference's
     rotary dtype. ``reference``: a function of the policy that makes the reference; default the project's own
     (``build_models``)."""
-    from evolrl.algorithms.kl import low_var_kl
+    from evolrl.algorithms import low_var_kl
     from evolrl.logprobs.forward import sequence_logprobs
     from evolrl.training.build import Dtypes, build_models
 
@@ -59,10 +60,9 @@ def kl_at_positions(model_dir: Path, length: int, bands: list[tuple[int, int]], 
 def one_update(model_dir: Path, device: torch.device, sequences: int, mini_batch: int, prompt: int, median: int,
                cap: int, budget: int, draws: int) -> dict:
     """Build as the module does, a warm-up update on two short sequences, then ``draws`` measured updates."""
-    from evolrl.training import Batching
+    from evolrl.training import Batching, GRPOLoss, GRPOUpdate, Optimization
     from evolrl.training.build import Dtypes, build_models
-    from evolrl.training.optim import Optimization, build_optimizer, start_schedule
-    from evolrl.training.update import GRPOLoss, GRPOUpdate
+    from evolrl.training.optim import build_optimizer, start_schedule
 
     policy, reference = build_models(str(model_dir), Dtypes.resolve("bf16-mixed", "float32"), with_reference=True,
                                      gradient_checkpointing=True, packed=True)

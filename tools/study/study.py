@@ -1,15 +1,15 @@
 """The paper's signature at a scale this machine re-runs: TTRL vs EVOL-RL over several seeds (docs/study.md).
 
-    python tools/study.py probe            # the base model on candidate tasks: which one has headroom (~10 min)
-    python tools/study.py run              # every method x 3 seeds, resumable run by run (~25 min a run, 2 cores)
-    python tools/study.py summary          # the table at the last evaluation (mean +- sd) and docs/study.png
-    python tools/study.py run --smoke      # 2 training steps of each method, one seed, one evaluation batch (CI)
-    python tools/study.py rewards          # what each reward pays a clean answer vs one with trailing text (1 min)
-    python tools/study.py probe --task word   # the base model on word problems with room to reason (WORD_CANDIDATES)
-    python tools/study.py run --task word     # the same runs on the word problems (configs/study_reasoning.yaml)
-    python tools/study.py run --methods ttrl ttrl_clip_entropy evol evol_until --float32 --out results/study2  # Study II
-    python tools/study.py run --methods self_certainty token_entropy semantic_entropy --seeds 0   # the others
-    python tools/study.py run --methods evol ttrl self_certainty token_entropy semantic_entropy --seeds 0 \
+    python -m tools.study.study probe          # the base model on candidate tasks: which one has headroom (~10 min)
+    python -m tools.study.study run            # every method x 3 seeds, resumable run by run (~25 min a run, 2 cores)
+    python -m tools.study.study summary        # the table at the last evaluation (mean +- sd) and docs/study.png
+    python -m tools.study.study run --smoke    # 2 training steps of each method, one seed, one evaluation batch (CI)
+    python -m tools.study.study rewards        # what each reward pays a clean answer vs one with trailing text (1 min)
+    python -m tools.study.study probe --task word   # the base model on word problems with room to reason
+    python -m tools.study.study run --task word     # the same runs on the word problems (configs/study_reasoning.yaml)
+    python -m tools.study.study run --methods ttrl ttrl_clip_entropy evol evol_until --float32 --out results/study2
+    python -m tools.study.study run --methods self_certainty token_entropy semantic_entropy --seeds 0   # the others
+    python -m tools.study.study run --methods evol ttrl self_certainty token_entropy semantic_entropy --seeds 0 \
         --steps 12 --out runs/family   # every method side by side at the demo's length (~6 min a run)
 
 A run is the CLI itself: ``python -m evolrl fit --config configs/demo.yaml --config configs/study.yaml`` plus the
@@ -27,8 +27,8 @@ majority label a TTRL/EVOL-RL group votes for is right. ``probe --task word`` ru
 ``WORD_CANDIDATES`` task and sampling (``--samplings``; each candidate has its own system prompt and length), with
 ``EvalResponses`` writing every response: pass@1, pass@16 and maj@16 at the first sampling, and at the last the vote's
 accuracy beside a constant guess (the most frequent true answer's share), the share of responses with an answer and
-the median tokens before it (``tools/probe_responses.py``). A finished validate is not run again: delete its folder
-under ``<out>/probe`` or ``<out>/probe_word`` to measure it anew.
+the median tokens before it (``probe_responses.py``). A finished validate is not run again: delete its folder under
+``<out>/probe`` or ``<out>/probe_word`` to measure it anew.
 
 ``summary`` reads the TensorBoard event files: held-out pass@1, pass@16, maj@16 before training and at the last
 evaluation, the step the collapse monitor flagged (``CollapseMonitor`` in configs/study.yaml; how many runs had one),
@@ -36,7 +36,7 @@ and the training curves' means over the first and the last ``--tail`` steps (ent
 fraction: the responses with text after their answer, majority ratio, label accuracy) and the median step, reward
 and update times, each as mean +- sd over the seeds; the same held-out metrics at every evaluation step, and beside
 them the training curves (entropy, length, trailing fraction) over the ``--tail`` steps up to it; the last
-sampled responses each method's first seed logged; then ``tools/plot_dynamics.py`` draws the curves (mean over
+sampled responses each method's first seed logged; then ``tools.commands.plot_dynamics`` draws the curves (mean over
 seeds, min-max band).
 """
 
@@ -54,10 +54,10 @@ import time
 from pathlib import Path
 
 import yaml
-from plot_dynamics import plot, read_scalars
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-ROOT = Path(__file__).resolve().parent.parent
+from tools.commands.plot_dynamics import plot, read_scalars
+from tools.common import ROOT
 
 BASE = ["configs/demo.yaml", "configs/study.yaml"]
 METHODS = {
@@ -394,17 +394,16 @@ def probe(a: argparse.Namespace) -> None:
 
 
 def rewards(a: argparse.Namespace) -> None:
-    """The reward-shape report of ``tools/reward_shape.py``."""
-    from reward_shape import report
+    """The reward-shape report of ``reward_shape.py``."""
+    from tools.study.reward_shape import report
 
     print(report(groups_file=a.groups, sample=a.sample, save=a.save, fallback_rule=a.fallback_rule))
 
 
 def probe_word(a: argparse.Namespace) -> None:
     """Each ``WORD_CANDIDATES`` task (or ``--candidates``) at each of ``--samplings``: one validate run each."""
-    from probe_responses import read_rows, response_measures
-
     from evolrl.models import load_tokenizer
+    from tools.study.probe_responses import read_rows, response_measures
 
     out = Path(a.out) / "probe_word"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -439,7 +438,8 @@ def probe_word(a: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m tools.study.study",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=["probe", "run", "summary", "rewards"])
     p.add_argument("--methods", nargs="+", default=["evol", "ttrl"], choices=list(METHODS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])

