@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import operator
 import os
 import sys
 import types
 import typing
+import warnings
 
 from jsonargparse import set_parsing_settings
 from lightning.pytorch import Trainer
@@ -96,10 +98,19 @@ def counts_stay_ints(function) -> None:
         annotations[name] = functools.reduce(operator.or_, ordered)
 
 
+def quiet_start() -> None:
+    """Drop two start-up lines a user cannot act on: Lightning's advertisement for a logging service, and a
+    deprecation inside Lightning's own pytree helper."""
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+        lambda record: not record.getMessage().startswith("💡 Tip:"))
+
+
 def main(args: list[str] | None = None, run: bool = True) -> EvolRLCLI:
     """The CLI on ``args`` (default: the command line); ``run=False`` only builds the module, data module and trainer
     from ``args`` without a subcommand (tools that must set up exactly what ``fit`` would)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    quiet_start()
     set_parsing_settings(docstring_parse_attribute_docstrings=True)  # dataclass field docs in --help
     counts_stay_ints(Trainer.__init__)
     return EvolRLCLI(

@@ -42,7 +42,7 @@ def fail_together(what: str, call: Callable[[], T]) -> T:
 
     The failing rank's own error is chained (``from``), so its traceback still shows what went wrong there.
     ``call`` must leave every collective it started finished on the failing rank too (see
-    ``VLLMEngine._stream``), or the others would wait inside it instead of reaching the agreement.
+    ``vllm_weights.stream_weights``), or the others would wait inside it instead of reaching the agreement.
     """
     if not several_ranks():
         return call()
