@@ -391,7 +391,8 @@ def test_an_out_of_range_setting_fails_when_built(build, key, value, allowed):
                                                  "init_args": {"cap": 0.5}}}}},
      "TokenTruncate.cap=0.5 is not allowed: a number >= 1.0"),
     ({"data": {"vote_samples": 4, "trained_samples": 8}}, "trained_samples=8 is not allowed: at most vote_samples=4"),
-], ids=["micro_batch_size", "top_p", "clip_high", "TokenTruncate.cap", "trained_samples"])
+    ({"model": {"lora": {"rank": 0}}}, "LoRA.rank=0 is not allowed: an integer >= 1"),
+], ids=["micro_batch_size", "top_p", "clip_high", "TokenTruncate.cap", "trained_samples", "LoRA.rank"])
 def test_an_out_of_range_setting_stops_the_cli_before_any_model_loads(tmp_path, monkeypatch, capsys, overrides,
                                                                         message):
     monkeypatch.setattr("sys.argv", ["evolrl"])
@@ -676,3 +677,27 @@ def test_a_moved_key_names_its_new_place(tmp_path, monkeypatch, capsys):
                              ("data.eval_sets.0.init_args.grader.init_args.fallback_rule",
                               "data.eval_sets.*.init_args.grader.init_args.answers.fallback_rule")]:
         assert f"{old_key} moved to {new_key}" in err, err
+
+
+def test_a_lora_target_the_model_lacks_stops_fit_before_the_weights_load(tmp_path, monkeypatch, tiny_model):
+    """The target names are checked against the architecture (built on the meta device) in ``setup``; the error lists
+    the model's linear layers."""
+    from evolrl.settings import SettingError
+
+    monkeypatch.setattr("sys.argv", ["evolrl"])
+    config = {"trainer": {"accelerator": "cpu", "max_steps": 1, "logger": False, "enable_checkpointing": False,
+                          "enable_progress_bar": False, "enable_model_summary": False,
+                          "default_root_dir": str(tmp_path)},
+              "model": {"model": tiny_model, "lora": {"target_modules": ["q_proj", "query_key_value"]}},
+              "data": {"train": {"class_path": "evolrl.data.AdditionPrompts", "init_args": {"count": 4}},
+                       "engine": {"class_path": "evolrl.rollout.HFEngine"}, "prompts_per_step": 1,
+                       "vote_samples": 2, "trained_samples": 2}}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    loads = []
+    monkeypatch.setattr("evolrl.training.build.load_policy", lambda *a, **k: loads.append(a))
+    with pytest.raises(SettingError, match=r"LoRA.target_modules=\['q_proj', 'query_key_value'\] is not allowed: "
+                                           r"names of this model's linear layers \(query_key_value is not one\): "
+                                           r"down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj"):
+        main(["fit", "--config", str(path)])
+    assert not loads  # stopped before any weights loaded

@@ -43,7 +43,9 @@ def paper_runs():
       for m in ("self_certainty", "token_entropy", "semantic_entropy")),
     [str(CONFIGS / "demo.yaml"), str(CONFIGS / "study.yaml")],
     [str(CONFIGS / "demo.yaml"), str(CONFIGS / "study.yaml"), str(CONFIGS / "demo_ttrl.yaml")],
+    [str(CONFIGS / "demo_lora.yaml")],
     [*next(paper_runs()), str(CONFIGS / "paper" / "eval.yaml")],
+    [*next(paper_runs()), str(CONFIGS / "paper" / "lora.yaml")],
     *paper_runs(),
 ], ids=lambda c: "+".join(Path(p).stem for p in c))
 def test_every_shipped_config_parses(configs, capsys, monkeypatch):
@@ -57,6 +59,7 @@ def test_every_shipped_config_parses(configs, capsys, monkeypatch):
     assert resolved["model"]["model"]
     assert resolved["model"]["reward"]["class_path"].startswith("evolrl.rewards.")
     assert resolved["data"]["train"]["class_path"].startswith("evolrl.data.")
+    assert (resolved["model"]["lora"] is not None) == any("lora" in c for c in configs)
 
 
 def test_every_config_file_has_a_header_with_its_command():
@@ -336,9 +339,9 @@ def test_resume_gives_the_same_next_steps(tmp_path, tiny_model):
 
 def test_response_only_logits_match_the_full_forward(tiny_model):
     """sequence_logprobs computes logits from the first response token on; the values are those of a full pass."""
-    from evolrl.algorithms import logprobs_and_entropy
-    from evolrl.training.forward import sequence_logprobs
-    from evolrl.training.sequences import Sequences
+    from evolrl.logprobs.forward import sequence_logprobs
+    from evolrl.logprobs.from_logits import logprobs_and_entropy
+    from evolrl.logprobs.sequences import Sequences
 
     policy = load_policy(tiny_model)
     torch.manual_seed(0)

@@ -338,3 +338,23 @@ def test_engine_leaves_the_trainer_random_state_and_matmul_precision(tiny_model)
     assert np.array_equal(after[1], before[1])
     assert torch.equal(after[2], before[2])
     assert all(torch.equal(a, b) for a, b in zip(after[3], before[3]))
+
+
+def test_a_lora_policy_pushes_merged_weights_and_the_engine_samples_from_it(tiny_model):
+    """The engine gets each adapted layer as ``W + scaling * B @ A`` (``evolrl.lora.merged_tensors``), so the
+    sampler/trainer gap with adapters stays below TOLERANCE, as without them (float32 engine and policy)."""
+    from evolrl.lora import LoRA, add_adapters
+
+    tokenizer = load_tokenizer(tiny_model)
+    policy = add_adapters(load_policy(tiny_model), LoRA(rank=4, alpha=8.0)).to(DEVICE)
+    with torch.no_grad():  # adapters that change the policy (B starts at 0)
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.05, generator=torch.Generator(DEVICE).manual_seed(0))
+    prompts = [Prompt("a", "What is 3 + 4?"), Prompt("b", "What is 1 + 2?")]
+    ids = [render_prompt(tokenizer, p.question, None) for p in prompts]
+    engine = new_engine(tiny_model)
+    engine.load_weights(policy)
+    assert max_logprob_gap(engine, policy, prompts, ids=ids) < TOLERANCE
+    base = load_policy(tiny_model).to(DEVICE)  # the adapters matter: the base's own log-probs are far off
+    assert max_logprob_gap(engine, base, prompts, ids=ids) > 100 * TOLERANCE

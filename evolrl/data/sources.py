@@ -16,12 +16,13 @@ from __future__ import annotations
 import json
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from evolrl.rewards.verifier_reward import ANSWER_HINT
 from evolrl.settings import check_int, require
-from evolrl.types import Prompt
+from evolrl.types import Prompt, unanswered
 
 QUESTION_FIELDS = ("prompt", "problem", "question")
 ANSWER_FIELDS = ("answer", "reward_model.ground_truth", "ground_truth")
@@ -37,6 +38,14 @@ class PromptSource(ABC):
     @abstractmethod
     def load(self) -> list[Prompt]:
         """All prompts, in a stable order."""
+
+
+def require_answers(prompts: Sequence[Prompt], who: str) -> None:
+    """DataError naming the prompts without a ground-truth answer, for ``who``, a reward that reads them: checked over
+    every training prompt at start, where a check per batch meets a bad row only when the shuffle does."""
+    missing = unanswered(prompts)
+    if missing:
+        raise DataError(f"{who} needs a ground-truth answer for every training prompt: {missing}. {ANSWER_HINT}")
 
 
 def _check_text(key: str, value: Any, what: str, optional: bool = False) -> None:
@@ -225,7 +234,9 @@ class HubDataset(PromptSource):
         try:
             table = datasets.load_dataset(self.name, self.subset, split=self.split)
         except Exception as err:
-            raise DataError(f"could not load dataset {self.name!r} (split {self.split!r}): {err}") from err
+            raise DataError(f"could not load dataset {self.name!r} (split {self.split!r}): {err}. Offline, a dataset "
+                            "loads only from the local cache (run once with network access), or save it as "
+                            "JSON/JSONL/parquet and use evolrl.data.PromptFile") from err
         rows = table.select(range(min(self.limit, len(table)))) if self.limit else table
         where = f"{self.name}[{self.split}]"
         return rows_to_prompts(rows, where, question_field=self.question_field, answer_field=self.answer_field,

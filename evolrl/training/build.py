@@ -19,6 +19,8 @@ Non-obvious decisions:
   ``packed_flex.PACKED_FLEX`` (one FlexAttention call per row), before the reference is copied.
 * ``Batching.compile_blocks`` compiles the blocks' forwards last, on the finished models (after the copy and after
   sharding: FSDP2's hooks stay outside the compiled graphs, ``compiled.py``).
+* With ``lora`` (``evolrl/lora.py``) the base is stored in its own dtype, frozen, with float32 adapters; the reference is
+  the policy with its adapters off, so no second copy of the weights exists.
 * ``bf16-true`` is Lightning's "everything in bf16": its precision plugin casts the policy itself to bf16 after
   ``configure_model`` (master weights included); the paper configs use ``bf16-mixed``.
 """
@@ -34,6 +36,7 @@ from torch import nn
 
 from evolrl.distributed import broadcast_object, fill_from_rank0, shard
 from evolrl.logprobs import prepare
+from evolrl.lora import AdaptersOff, LoRA, add_adapters
 from evolrl.models import empty_policy, load_policy, model_config
 
 
@@ -59,27 +62,40 @@ class Dtypes:
     """The frozen reference of the KL term."""
     fsdp_param: str
     """What FSDP2 all-gathers the policy (and the reference) in for compute; the shards keep their dtype."""
+    base: str
+    """A LoRA run's frozen base (``LoRA.base_dtype``)."""
 
     @classmethod
-    def resolve(cls, precision: str, policy: str, reference: str = "auto", fsdp_param: str = "auto") -> Dtypes:
+    def resolve(cls, precision: str, policy: str, reference: str = "auto", fsdp_param: str = "auto",
+                base: str = "auto") -> Dtypes:
         """``auto`` is bfloat16 under a bf16 ``trainer.precision``, else the policy's dtype."""
         low = "bfloat16" if precision.startswith("bf16") else policy
-        return cls(policy, low if reference == "auto" else reference, low if fsdp_param == "auto" else fsdp_param)
+        return cls(policy, *(low if dtype == "auto" else dtype for dtype in (reference, fsdp_param, base)))
 
 
 def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, device: torch.device | None = None,
                  gradient_checkpointing: bool = False, trust_remote_code: bool = False, packed: bool = False,
-                 compiled: bool = False, flex: bool = False) -> tuple[nn.Module, nn.Module | None]:
+                 compiled: bool = False, flex: bool = False,
+                 lora: LoRA | None = None) -> tuple[nn.Module, nn.Module | AdaptersOff | None]:
     """``(policy, reference or None)``: loaded whole without ``mesh``; else sharded over it and filled from rank 0;
     with ``compiled``, their blocks' forwards compiled; ``packed`` (and ``flex``): the packed passes' attention
-    (``evolrl.logprobs.prepare``)."""
+    (``evolrl.logprobs.prepare``). With ``lora``: the base in ``dtypes.base`` with trainable adapters, and the
+    reference is the policy with its adapters off."""
+    weights = dtypes.base if lora is not None else dtypes.policy  # what the loaded weights are stored in
+
+    def with_adapters(model: nn.Module, meta: bool = False) -> nn.Module:
+        return add_adapters(model, lora, meta=meta) if lora is not None else model
+
     if mesh is None:
-        policy = _trainable(prepare(load_policy(name, dtypes.policy, trust_remote_code), packed, flex),
+        policy = _trainable(with_adapters(prepare(load_policy(name, weights, trust_remote_code), packed, flex)),
                             gradient_checkpointing)
+        if lora is not None:
+            policy = prepare(policy, compiled=compiled)
+            return policy, AdaptersOff(policy) if with_reference else None
         reference = _frozen(parameters_in(copy.deepcopy(policy), dtypes.reference)) if with_reference else None
         return prepare(policy, compiled=compiled), prepare(reference, compiled=compiled)
     device = device or torch.device("cpu")
-    full = load_policy(name, dtypes.policy, trust_remote_code) if dist.get_rank() == 0 else None
+    full = with_adapters(load_policy(name, weights, trust_remote_code)) if dist.get_rank() == 0 else None
     state = full.state_dict() if full is not None else None
     generation_config = broadcast_object(full.generation_config if full is not None else None)
     config = model_config(name, trust_remote_code)
@@ -88,12 +104,14 @@ def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, dev
     def sharded(dtype: str, trainable: bool) -> nn.Module:
         model = prepare(parameters_in(empty_policy(config, dtypes.policy, trust_remote_code), dtype), packed, flex)
         model.generation_config = generation_config  # the engines read the stop tokens from it
-        model = _trainable(model, gradient_checkpointing) if trainable else _frozen(model)
+        model = _trainable(with_adapters(model, meta=True), gradient_checkpointing) if trainable else _frozen(model)
         return fill_from_rank0(shard(model, mesh, compute), state, device)
 
-    policy = sharded(dtypes.policy, trainable=True)
+    policy = prepare(sharded(weights, trainable=True), compiled=compiled)
+    if lora is not None:
+        return policy, AdaptersOff(policy) if with_reference else None
     reference = sharded(dtypes.reference, trainable=False) if with_reference else None
-    return prepare(policy, compiled=compiled), prepare(reference, compiled=compiled)
+    return policy, prepare(reference, compiled=compiled)
 
 
 def parameters_in(model: nn.Module, dtype: str) -> nn.Module:

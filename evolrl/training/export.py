@@ -11,7 +11,8 @@ import torch
 from lightning.fabric.utilities.load import _METADATA_FILENAME, _load_distributed_checkpoint
 from transformers import AutoModelForCausalLM
 
-from evolrl.models import load_tokenizer, model_config
+from evolrl.lora import LoRA, add_adapters, merged_tensors, save_adapter, with_base
+from evolrl.models import load_policy, load_tokenizer, model_config
 
 
 def load_full_checkpoint(checkpoint: str) -> dict:
@@ -26,8 +27,9 @@ def load_full_checkpoint(checkpoint: str) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def export_checkpoint(checkpoint: str, out_dir: str, model: str | None = None, dtype: str = "bfloat16") -> Path:
-    """Write the policy of a Lightning ``checkpoint`` to ``out_dir``.
+def export_checkpoint(checkpoint: str, out_dir: str, model: str | None = None, dtype: str = "bfloat16",
+                      adapter_dir: str | None = None) -> Path:
+    """Write the policy of a Lightning ``checkpoint`` to ``out_dir``; a LoRA run's (adapters only) merged into its base.
 
     Args:
         checkpoint: A ``.ckpt`` file written by ``python -m evolrl fit``, or the directory a run on several
@@ -36,6 +38,7 @@ def export_checkpoint(checkpoint: str, out_dir: str, model: str | None = None, d
         model: The base model string, for the architecture and tokenizer; default: the one the
             checkpoint was trained from (its ``model`` hyperparameter).
         dtype: Dtype of the saved weights.
+        adapter_dir: For a LoRA checkpoint, also write its adapters alone there, in peft's format.
     """
     ckpt = load_full_checkpoint(checkpoint)
     model = model or ckpt.get("hyper_parameters", {}).get("model")
@@ -44,12 +47,26 @@ def export_checkpoint(checkpoint: str, out_dir: str, model: str | None = None, d
     state = {k.removeprefix("policy."): v for k, v in ckpt["state_dict"].items() if k.startswith("policy.")}
     if not state:
         raise ValueError(f"{checkpoint}: no policy weights (keys starting with 'policy.') in its state_dict")
+    settings = ckpt.get("hyper_parameters", {}).get("lora")
+    if adapter_dir is not None and not settings:
+        raise ValueError(f"{checkpoint}: not a LoRA run's checkpoint, so it has no adapters to write to {adapter_dir}")
+    if settings:  # adapters only: onto the base the model string names, then merged
+        adapted = add_adapters(load_policy(model), LoRA(**settings))
+        state = with_base(state, adapted.state_dict())
+        _load(adapted, state, checkpoint, model)
+        if adapter_dir is not None:
+            save_adapter(adapted, LoRA(**settings), adapter_dir, base=model)
+        state = dict(merged_tensors(adapted))
     policy = AutoModelForCausalLM.from_config(model_config(model), dtype=getattr(torch, dtype))
-    try:
-        policy.load_state_dict(state)
-    except RuntimeError as err:
-        raise ValueError(f"{checkpoint}: its weights do not fit the architecture of {model!r}: {err}") from err
+    _load(policy, state, checkpoint, model)
     out = Path(out_dir)
     policy.save_pretrained(out)
     load_tokenizer(model).save_pretrained(out)
     return out
+
+
+def _load(policy, state: dict, checkpoint: str, model: str) -> None:
+    try:
+        policy.load_state_dict(state)
+    except RuntimeError as err:
+        raise ValueError(f"{checkpoint}: its weights do not fit the architecture of {model!r}: {err}") from err

@@ -2,29 +2,18 @@
 
 Non-obvious decisions:
 
-* Manual optimization. One training step = one rollout batch, split into
-  mini-batches (one optimizer step each, in order, one PPO epoch) and micro-batches
-  (gradient accumulation: by count, or by a token budget). The loss normalizer is fixed per
-  mini-batch before the micro-batch loop, so the micro-batch split does not change the math.
-* ``old_logprobs`` are recomputed with the policy before the update, not taken from
-  the sampler (vLLM's bf16 kernels differ from the trainer's numerics). The first
-  mini-batch takes them from its own forward pass (the policy has not moved yet), unless a reward
-  that reads the policy made a pass over the sequences already (``scoring.py``): then all come from it.
-* Under bf16-mixed Lightning wraps the whole step, optimizer steps included, in one autocast; the
-  update clears autocast's cache of bf16 weight copies after every optimizer step.
-* A reference model exists only when ``kl_coef > 0``. The policy's weights stay in ``dtype`` (float32) under bf16
-  precision; only copies are bf16 (the reference, FSDP's all-gathered compute copies): see ``build.py``.
-* The module trains on whatever batches it is given: a :class:`~evolrl.types.RolloutBatch`, or a
-  :class:`~evolrl.types.RolloutSource` whose ``sample()`` returns one, called inside ``training_step`` (a batch
-  fetched ahead would come from older weights). A batch that says which weights sampled it must come from the weights
-  of this step (``global_step``); it carries the temperature it was sampled at, under which the loss takes its
-  tokens' log-probs. The module only publishes ``policy``; whatever samples the batches reads its weights from there (a callback
-  of the sampler's own, after every training step: README "Training").
-  The update is a :class:`~evolrl.training.update.GRPOUpdate` the module holds.
-* A mini-batch whose gradient norm is not finite is skipped and counted, never applied.
-* A "step" is a training step everywhere: ``trainer.global_step`` (so ``max_steps``,
-  checkpoint names and ``every_n_train_steps``), the progress bar, the curves and
-  ``val_check_interval`` all count rollout batches, however many optimizer steps each takes.
+* Manual optimization: one training step = one rollout batch, one optimizer step per mini-batch (one PPO epoch), in
+  a :class:`~evolrl.training.update.GRPOUpdate` the module holds; a non-finite gradient norm skips the step, counted.
+* ``old_logprobs`` are recomputed with the policy before the update, not taken from the sampler (vLLM's kernels
+  differ from the trainer's), from the first mini-batch's own pass or a reward's pass (``scoring.py``).
+* A reference model exists only when ``kl_coef > 0``; the policy's weights stay in ``dtype`` under bf16 precision,
+  only copies are bf16 (``build.py``). Under bf16-mixed the update clears autocast's weight cache per optimizer step.
+* The module trains on the batches it is given: a :class:`~evolrl.types.RolloutBatch`, or a
+  :class:`~evolrl.types.RolloutSource` sampled inside ``training_step`` (a batch fetched ahead would come from older
+  weights), refused if another version of the weights sampled it. It only publishes ``policy``; whatever samples reads
+  the weights from there (``evolrl.rollout.EngineSync``).
+* A "step" is a training step everywhere: ``global_step``, ``max_steps``, checkpoint names, the progress bar, the
+  curves and ``val_check_interval`` count rollout batches, however many optimizer steps each takes.
 """
 
 from __future__ import annotations
@@ -36,11 +25,12 @@ import lightning as L
 import torch
 
 from evolrl.algorithms import GroupAdvantages, MismatchCorrection
-from evolrl.callbacks import LabelFreeDiagnostics, PassAtK, PolicyStats, SampleLogger
-from evolrl.data.sources import DataError
+from evolrl.callbacks import LabelFreeDiagnostics, PassAtK, PolicyStats, RunSummary, SampleLogger
+from evolrl.data.sources import require_answers
 from evolrl.logprobs import check, keep_freed_memory
+from evolrl.lora import LoRA, adapter_state, check_targets, with_base
+from evolrl.models import empty_policy, model_config
 from evolrl.rewards import EvolReward, Reward
-from evolrl.rewards.verifier_reward import ANSWER_HINT
 from evolrl.settings import check_choice, require
 from evolrl.training.batching import Batching
 from evolrl.training.build import DTYPES, Dtypes, Frozen, build_models
@@ -50,7 +40,7 @@ from evolrl.training.loss import GRPOLoss
 from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, schedule_started, start_schedule
 from evolrl.training.scoring import score
 from evolrl.training.update import GRPOUpdate
-from evolrl.types import EvalOutput, PromptProvider, RolloutBatch, RolloutSource, StepOutput, unanswered
+from evolrl.types import EvalOutput, PromptProvider, RolloutBatch, RolloutSource, StepOutput
 
 
 class EvolRLModule(L.LightningModule):
@@ -68,6 +58,8 @@ class EvolRLModule(L.LightningModule):
         reference_dtype: The frozen reference's dtype; ``auto``: bfloat16 under bf16 precision, else ``dtype``.
         fsdp_param_dtype: Under FSDP, the dtype of the all-gathered copies of the weights that forward and backward
             use (the shards keep ``dtype``; gradients are reduced in float32); ``auto`` as ``reference_dtype``.
+        lora: Low-rank adapters (peft) on a frozen base: only they train, and the KL reference is the base;
+            ``null``: full fine-tuning.
         gradient_checkpointing: Trade compute for activation memory.
         trust_remote_code: Allow the model repository's own code to run.
         cpu_keep_freed_memory: Training on a CPU, keep freed buffers in glibc's heap for reuse instead of unmapping
@@ -88,6 +80,7 @@ class EvolRLModule(L.LightningModule):
         dtype: str = "float32",
         reference_dtype: str = "auto",
         fsdp_param_dtype: str = "auto",
+        lora: LoRA | None = None,
         gradient_checkpointing: bool = False,
         trust_remote_code: bool = False,
         cpu_keep_freed_memory: bool = True,
@@ -102,7 +95,7 @@ class EvolRLModule(L.LightningModule):
         self.save_hyperparameters({
             "model": model, "advantages": asdict(advantages), "loss": loss.as_dict(), "optim": asdict(optim), "batching": asdict(batching), "dtype": dtype,
             "reference_dtype": reference_dtype, "fsdp_param_dtype": fsdp_param_dtype,
-            "gradient_checkpointing": gradient_checkpointing,
+            "gradient_checkpointing": gradient_checkpointing, "lora": asdict(lora) if lora is not None else None,
         })
         self.automatic_optimization = False
         self.model_name = model
@@ -112,6 +105,9 @@ class EvolRLModule(L.LightningModule):
         self.optim_cfg = optim
         self.dtype_name, self.reference_dtype, self.fsdp_param_dtype = dtype, reference_dtype, fsdp_param_dtype
         self.gradient_checkpointing = gradient_checkpointing
+        require(lora is None or isinstance(lora, LoRA), "EvolRLModule.lora", lora,
+                allowed="null (full fine-tuning) or an evolrl.lora.LoRA")
+        self.lora = lora
         self.trust_remote_code = trust_remote_code
         require(isinstance(cpu_keep_freed_memory, bool), "EvolRLModule.cpu_keep_freed_memory", cpu_keep_freed_memory,
                 allowed="true or false")
@@ -134,27 +130,27 @@ class EvolRLModule(L.LightningModule):
                 "does not do)")
         if stage == "fit" and self.cpu_keep_freed_memory and self.trainer.strategy.root_device.type == "cpu":
             keep_freed_memory()
+        if self.lora is not None:  # before any weights load: the architecture alone, on the meta device
+            check_targets(self.lora, empty_policy(model_config(self.model_name, self.trust_remote_code)))
         if stage == "fit" and self.reward.needs_answers and isinstance(self.trainer.datamodule, PromptProvider):
-            missing = unanswered(self.trainer.datamodule.training_prompts())
-            if missing:  # here, where a check per batch would meet the row whenever the shuffle reaches it
-                raise DataError(f"{type(self.reward).__name__} needs a ground-truth answer for every training prompt: "
-                                f"{missing}. {ANSWER_HINT}")
+            require_answers(self.trainer.datamodule.training_prompts(), who=type(self.reward).__name__)
 
     def configure_model(self) -> None:
         if self.policy is not None:
             return
         dtypes = Dtypes.resolve(str(self.trainer.precision), self.dtype_name, reference=self.reference_dtype,
-                                fsdp_param=self.fsdp_param_dtype)
+                                fsdp_param=self.fsdp_param_dtype, base=self.lora.base_dtype if self.lora else "auto")
         mesh = self.device_mesh["data_parallel"] if self.device_mesh is not None else None  # ModelParallelStrategy
         self.policy, reference = build_models(
             self.model_name, dtypes, with_reference=self.update.loss.kl_coef > 0, mesh=mesh,
             device=self.trainer.strategy.root_device, gradient_checkpointing=self.gradient_checkpointing,
             trust_remote_code=self.trust_remote_code, packed=self.update.batching.packed,
-            compiled=self.update.batching.compile_blocks, flex=self.update.batching.flex_attention)
+            compiled=self.update.batching.compile_blocks, flex=self.update.batching.flex_attention, lora=self.lora)
         self.reference = Frozen(reference) if reference is not None else None
 
-    def configure_optimizers(self):
-        optimizer, scheduler = build_optimizer(list(self.policy.parameters()), self.optim_cfg)
+    def configure_optimizers(self):  # the trainable parameters: all, or the adapters of a LoRA run
+        optimizer, scheduler = build_optimizer([p for p in self.policy.parameters() if p.requires_grad],
+                                               self.optim_cfg)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def start_schedule(self, sequences: int) -> None:
@@ -169,10 +165,14 @@ class EvolRLModule(L.LightningModule):
         start_schedule(scheduler, int(steps) * self.update.optimizer_steps(sequences))
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.lora is not None:  # the adapters only: the base is the model string's
+            checkpoint["state_dict"] = adapter_state(checkpoint["state_dict"])
         checkpoint["evolrl"] = {"skipped_steps": self.update.skipped_steps, **self.flat_rewards.state_dict(),
                                 "torch_rng_state": torch.get_rng_state()}  # dropout in the policy, if any
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if self.lora is not None:  # the base from the model this run loaded; a missing adapter still fails the load
+            checkpoint["state_dict"] = with_base(checkpoint["state_dict"], self.state_dict())
         state = checkpoint.get("evolrl")
         if state is None:
             return
@@ -181,7 +181,7 @@ class EvolRLModule(L.LightningModule):
         torch.set_rng_state(state["torch_rng_state"])
 
     def on_fit_start(self) -> None:
-        if self.reference is not None:
+        if self.reference is not None and isinstance(self.reference.model, torch.nn.Module):  # not LoRA's
             self.reference.model.to(self.device)
         b = self.update.batching
         check(self.policy, self.device, packed=b.packed, flex=b.flex_attention, fused_head=b.fused_head,
@@ -245,6 +245,6 @@ class EvolRLModule(L.LightningModule):
     def configure_callbacks(self):
         """evolrl's metric callbacks, unless the trainer was given its own of the same kind."""
         have = {type(c) for c in self.trainer.callbacks}
-        defaults = [LabelFreeDiagnostics(), PolicyStats(), PassAtK(), SampleLogger()]
+        defaults = [LabelFreeDiagnostics(), PolicyStats(), PassAtK(), SampleLogger(), RunSummary()]
         return [c for c in defaults if type(c) not in have]
 
