@@ -227,3 +227,17 @@ def test_a_tied_qwen3_trains_checkpoints_resumes_and_exports_on_two_ranks(tmp_pa
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     assert exported.lm_head.weight is exported.model.embed_tokens.weight
     assert torch.equal(exported.lm_head.weight.detach(), final["lm_head.weight"])
+
+
+def test_two_ranks_train_lora_adapters_on_a_frozen_sharded_base(tmp_path, tiny_model):
+    """FSDP2 shards the frozen base and the float32 adapters alike; only the adapters move, both ranks end with the
+    same merged weights, and the engine got them (the base with the adapters merged in)."""
+    ranks = fsdp_check(tmp_path, tiny_model, "--lora")
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    for report in ranks:
+        assert report["local_numel"] * 2 == report["full_numel"]  # the base is sharded too
+        assert report["trainable"] and all(".lora_" in name for name in report["trainable"])
+        assert report["base_unchanged"]
+        assert report["engine_received"] == report["final"]
+    assert ranks[0]["final"] == ranks[1]["final"]
+    assert ranks[0]["final"] != weights_digest(tiny_model)  # the adapters changed the policy

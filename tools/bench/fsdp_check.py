@@ -33,6 +33,9 @@ third response made 0.05 per token less likely than the trainer finds it, so tha
 the prompt (``--uneven``).
 Every rank reports the ``mismatch/*`` numbers of each step.
 
+``--lora`` trains rank-4 LoRA adapters on the frozen, sharded base (``model.lora``); every rank also reports the
+names of its trainable parameters and whether the base's full weights are still those of the file.
+
 ``--precision bf16-mixed`` trains as the paper configs do (FSDP all-gathers bf16 copies, the reference is
 bf16); every rank also reports the dtypes of the policy's shards and gradients, of the copies its first
 block computed with, and of the reference, and digests of the weights at the start (policy, reference).
@@ -55,6 +58,7 @@ from evolrl.data import AdditionPrompts, EvalSet, RolloutDataModule
 from evolrl.distributed import ModelParallelStrategy
 from evolrl.logprobs import Sequences
 from evolrl.logprobs.forward import sequence_logprobs
+from evolrl.lora import LoRA
 from evolrl.models import load_policy
 from evolrl.rewards import MajorityVoteReward
 from evolrl.rollout import HFEngine, Sampling, VLLMEngine
@@ -145,7 +149,8 @@ class FirstGradient(L.Callback):
         self.saved = True
         grads = {}  # every rank gathers: full_tensor is a collective
         for name, p in module.policy.named_parameters():
-            grads[name] = (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
+            if p.requires_grad:  # a LoRA run's frozen base has none
+                grads[name] = (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
         if trainer.global_rank == 0:
             torch.save(grads, self.path)
 
@@ -194,6 +199,17 @@ class Passes(L.Callback):
         module.update.plan = recorded
 
 
+def base_unchanged(policy: torch.nn.Module, model_dir: str) -> bool:
+    """Whether a LoRA policy's base weights, gathered, are still the file's (every rank gathers)."""
+    original = load_policy(model_dir).state_dict()
+    same = True
+    for name, tensor in policy.state_dict().items():
+        if ".lora_" not in name:
+            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+            same &= torch.equal(full.float(), original[name.replace(".base_layer.", ".")].float())
+    return same
+
+
 class PlainSGD(EvolRLModule):
     """SGD at a constant learning rate instead of AdamW: the final weights are then linear in every step's gradients
     and two runs compare as tightly as their gradients do (AdamW's g / sqrt(v) turns float noise in a gradient near
@@ -226,7 +242,7 @@ class Prompts(L.Callback):
 def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int = 1, scripted: bool = False,
          engine_kind: str = "hf", checkpoints: bool = False, resume: str | None = None, precision: str = "32-true",
          max_tokens: int | None = None, packed: bool = False, uneven: bool = False,
-         sgd: bool = False, mismatch: str | None = None) -> None:
+         sgd: bool = False, mismatch: str | None = None, lora: bool = False) -> None:
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     group = 3
     module_class = PlainSGD if sgd else EvolRLModule
@@ -234,6 +250,7 @@ def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int =
                         max_tokens_per_micro_batch=max_tokens, packed=packed)
     loss = GRPOLoss(mismatch_correction=CORRECTIONS[mismatch]() if mismatch else None)
     module = module_class(model_dir, reward=MajorityVoteReward(), batching=batching, loss=loss,
+                          lora=LoRA(rank=4, alpha=8.0) if lora else None,
                           # scripted: no clipping, which would hide a wrong gradient scale
                           optim=Optimization(lr=1e-2, max_grad_norm=1e6 if scripted else 1.0))
     if scripted:
@@ -279,6 +296,9 @@ def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int =
         "eval_table": pass_at_k.table,  # pass@k / maj@k over all ranks' problems
         **dtypes.report,
     }
+    if lora:
+        report |= {"trainable": sorted(n for n, p in module.policy.named_parameters() if p.requires_grad),
+                   "base_unchanged": base_unchanged(module.policy, model_dir)}
     if engine_kind == "vllm":  # the engine samples from exactly the gathered final weights
         full = load_policy(model_dir)
         full.load_state_dict(full_state_dict(module.policy, torch.float32))
@@ -305,12 +325,13 @@ if __name__ == "__main__":
     parser.add_argument("--packed", action="store_true", help="each micro-batch packed into one row")
     parser.add_argument("--uneven", action="store_true", help="scripted responses whose lengths vary by prompt")
     parser.add_argument("--sgd", action="store_true", help="plain SGD instead of AdamW (final weights comparable)")
+    parser.add_argument("--lora", action="store_true", help="train LoRA adapters on the frozen base")
     parser.add_argument("--mismatch", choices=list(CORRECTIONS),
                         help="GRPOLoss.mismatch_correction; the scripted engine then reports sampler log-probs")
     a = parser.parse_args()
     main(a.model_dir, a.out_dir, devices=a.devices, prompts_per_step=a.prompts_per_step, scripted=a.scripted,
          engine_kind=a.engine, checkpoints=a.checkpoints, resume=a.resume, precision=a.precision,
-         max_tokens=a.max_tokens, packed=a.packed, uneven=a.uneven, sgd=a.sgd, mismatch=a.mismatch)
+         max_tokens=a.max_tokens, packed=a.packed, uneven=a.uneven, sgd=a.sgd, mismatch=a.mismatch, lora=a.lora)
     import os
     import sys
 
