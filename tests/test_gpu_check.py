@@ -73,3 +73,12 @@ def test_a_fit_the_cli_refuses_is_failed_with_its_output(check):
     row = r"^\| auto \| hf \| FAILED \(\d+ s\) \| not run \| none \| none \| none \| FAILED \|$"
     assert re.search(row, text, re.MULTILINE), text
     assert "max_new_tokens" in text and "(exit 2" in text
+
+
+def test_the_lora_section_fits_resumes_and_reports_memory_in_cpu_mode(tmp_path):
+    code = gpu_check.main(["--cpu", "--quick", "--sections", "lora", "--out", str(tmp_path)])
+    report = (tmp_path / "gpu_check.md").read_text()
+    assert code == 0 and "## 7. lora: ok" in report, report
+    assert re.search(r"\| fit \| ok \(\d+ s\) \| \d+ MiB \(RSS\) \|", report), report
+    assert re.search(r"\| resume \| ok \(\d+ s\) \| \d+ MiB \(RSS\) \|", report), report
+    assert re.search(r"checkpoint: 0\.\d\d MiB \(adapters", report), report  # the tiny model's adapters, not its base

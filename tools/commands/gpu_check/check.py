@@ -21,6 +21,8 @@ Sections, each ``ok``, ``FAILED`` (with what failed) or ``skipped`` (with why):
 5. update: one GRPO update at a paper-like shape: tokens/s, MFU, peak memory against ``tools.commands.gpu_budget``.
 6. vllm: the fit of 3 through ``VLLMEngine`` (the first weight push comes after sanity validation), and the
    sampler/trainer gap (``tools.commands.mismatch_gap``); skipped without vLLM.
+7. lora: the fit of 3 with LoRA adapters (``model.lora``) at Qwen3-4B's shape with random weights (a small shape on
+   a CPU): fit, resume, the checkpoint's size, and the peak memory of each process.
 
 Exit status 1 when a section FAILED. Subprocess logs stay in ``--out``'s ``work/`` (or, after a failure, in the
 temporary directory the report names).
@@ -32,6 +34,7 @@ import argparse
 import datetime
 import gc
 import importlib.util
+import json
 import math
 import os
 import platform
@@ -55,7 +58,7 @@ import torch
 from tools.bench import update_profile
 from tools.commands.gpu_check import env, probes, runs
 
-SECTIONS = ("environment", "gpu-tests", "fit", "kl", "update", "vllm")
+SECTIONS = ("environment", "gpu-tests", "fit", "kl", "update", "vllm", "lora")
 KL_RATIO, KL_FLOOR = 1.5, 0.005
 MEMORY_SLACK = 1.25
 
@@ -210,6 +213,39 @@ def vllm(check: Check) -> tuple[bool, list[str]]:
     return good and code == 0 and gap is not None, lines
 
 
+def lora(check: Check) -> tuple[bool, list[str]]:
+    size = check.size["lora"]
+    tok, source = runs.tokenizer()
+    model = check.work / "lora-model"
+    if not model.exists():
+        runs.random_qwen3(model, size["shape"], tok, device=check.device.type, numbers=True)
+    steps, peaks = size["steps"], check.work / "lora-peak.jsonl"
+    config = runs.fit_config(str(model), check.work / "lora", gpu=check.gpu, strategy="auto", engine="hf",
+                             steps=steps, new_tokens=size["new_tokens"])
+    config["model"]["lora"] = {"rank": 16, "alpha": 32.0}
+    config["trainer"]["callbacks"].append({"class_path": "tools.commands.gpu_check.runs.PeakMemory",
+                                           "init_args": {"path": str(peaks)}})
+    out = runs.fit_and_resume("lora", config, work=check.work, steps=steps, timeout=check.timeout)
+    ran = [stage for stage in ("fit", "resume") if stage in out]
+    loss = out["scalars"].get("train/loss", {})
+    fine = len(ran) == 2 and all(out[s]["code"] == 0 and out[s]["checkpoint"] for s in ran) and len(loss) == 2 * steps
+    checkpoint = check.work / "lora" / "checkpoints" / f"step={steps}.ckpt"
+    measured = [json.loads(x) for x in peaks.read_text().splitlines()] if peaks.exists() else []
+    shape = size["shape"]
+    lines = [(f"model: {size['name']}'s shape ({shape['hidden_size']} x {shape['num_hidden_layers']} layers, "
+              f"intermediate {shape['intermediate_size']}), random weights, tokenizer: {source}; LoRA rank 16 on "
+              f"every linear layer of attention and the MLP, the base bf16, KL to the base (adapters off); {steps} "
+              f"step(s), then resumed to {2 * steps}"),
+             *table(["stage", "result", "peak memory"],
+                    [(s, stage_cell(out.get(s)), gib(m["peak_gib"]) + f" ({m['what']})" if m else "-")
+                     for s, m in zip(("fit", "resume"), [*measured, None, None])]),
+             (f"checkpoint: {checkpoint.stat().st_size / 2**20:.2f} MiB" if checkpoint.exists() else "checkpoint: missing")
+             + " (adapters and their optimizer state; the base is the model directory's)",
+             f"train/loss: {', '.join(f'{v:.4f}' for _, v in sorted(loss.items())) or 'none'}"]
+    lines += [f"lora {s} (exit {out[s]['code']}):\n```\n{out[s]['tail']}\n```" for s in ran if out[s]["code"]]
+    return fine, lines
+
+
 def gib(x: float) -> str:
     return f"{x:.1f} GiB" if x >= 1 else f"{x * 1024:.0f} MiB"
 
@@ -247,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", action="store_true", help="CPU mode even where CUDA is available")
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer steps")
     parser.add_argument("--out", type=Path, help="also write DIR/gpu_check.md; subprocess logs in DIR/work")
-    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated names or numbers (1-6)")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated names or numbers (1-7)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per subprocess")
     a = parser.parse_args(argv)
     chosen = [SECTIONS[int(s) - 1] if s.strip().isdigit() else s.strip() for s in a.sections.split(",")]

@@ -9,6 +9,7 @@ a fresh process (its own CUDA context and process group), then the same command 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import lightning as L
 import yaml
 
 from tools.common import ROOT
@@ -119,6 +121,24 @@ def fit_config(model: str, root: Path, gpu: bool, strategy: str, engine: str, st
             "eval_samples": 4, "eval_sampling": {"temperature": 0.6, "top_p": 0.95, "max_new_tokens": new_tokens},
         },
     }
+
+
+class PeakMemory(L.Callback):
+    """Appends the process's peak memory at the end of ``fit`` to ``path`` (a line of JSON): the GPU's allocated
+    peak with CUDA, else the peak resident set."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_fit_end(self, trainer, module) -> None:
+        import resource
+
+        import torch
+
+        cuda = torch.cuda.is_available()
+        peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        with self.path.open("a") as out:
+            out.write(json.dumps({"peak_gib": peak / 2**30, "what": "GPU allocated" if cuda else "RSS"}) + "\n")
 
 
 def run(args: list[str], log: Path, timeout: float, cwd: Path) -> tuple[int, float, str]:
