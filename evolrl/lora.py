@@ -103,10 +103,6 @@ def add_adapters(model: nn.Module, lora: LoRA, meta: bool = False) -> nn.Module:
     return model
 
 
-def has_adapters(model: nn.Module) -> bool:
-    return any(".lora_" in name for name, _ in model.named_parameters())
-
-
 def _adapter_layers(model: nn.Module) -> dict[str, nn.Module]:
     from peft.tuners.lora import LoraLayer
 

@@ -72,11 +72,9 @@ class VLLMEngine(RolloutEngine):
         enforce_eager: Skip CUDA graph / compile capture (faster start, slower sampling on GPU).
         tensor_parallel_size: GPUs per engine; 1 when training on several ranks (one engine per rank).
         cpu_threads: On the CPU backend, cores to bind (e.g. ``0-1``); ``None`` leaves vLLM's default.
-        sleep_level: 0: vLLM holds its memory for the whole run. 1: after each sampling call its weights move
-            to CPU memory and its KV cache is freed, giving the training step the GPU (a copy out and back per
-            call). 2: the weights are discarded instead; a sampling call that finds them discarded (evaluation
-            after evaluation, training after evaluation) first streams the policy's weights again, as TRL does
-            (one more gather under FSDP). Needs a CUDA GPU.
+        sleep_level: 0: vLLM holds its memory all run; 1: after each sampling call its weights go to CPU memory and
+            its KV cache is freed; 2: the weights are dropped and streamed in again before the next call (as TRL
+            does). Needs a CUDA GPU (``evolrl/rollout/vllm_sleep.py``).
         max_num_seqs: Most sequences vLLM runs at once; ``None``: the largest call this run makes (prompts x n,
             from the data module), where vLLM's own default (1,024 on an 80 GB GPU) would size its per-request
             buffers and CUDA-graph batch sizes for far more than a call ever holds.
