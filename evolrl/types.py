@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import torch
 
@@ -115,13 +115,6 @@ class RolloutBatch:
         if any(g.truncated is None for g in self.groups):
             return None
         return torch.tensor([g.truncated for g in self.groups], dtype=torch.bool)
-
-
-@runtime_checkable
-class PromptProvider(Protocol):
-    """A data module that lists its training prompts, so checks over all of them run before the first step."""
-
-    def training_prompts(self) -> Sequence[Prompt]: ...
 
 
 class RolloutSource(Protocol):

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 from evolrl.data.chat import PAPER_SYSTEM_PROMPT, render_prompt
 from evolrl.data.eval_set import EvalSet
 from evolrl.data.loader import PromptLoader
-from evolrl.data.sources import DataError, PromptSource
+from evolrl.data.sources import DataError, PromptSource, require_answers
 from evolrl.models import load_tokenizer
 from evolrl.rollout import EngineSync, Rollouts, Sampling, Seeds
 from evolrl.rollout.engine import RolloutEngine
@@ -135,6 +135,9 @@ class RolloutDataModule(L.LightningDataModule):
             raise ValueError("RolloutDataModule needs the policy's model string (data.model, linked to model.model)")
         self.tokenizer = load_tokenizer(self.model, self.trust_remote_code)
         self.train_items, self.dropped_prompts = self._encode(self.source.load(), "training")
+        reward = getattr(self.trainer.lightning_module, "reward", None) if self.trainer is not None else None
+        if stage in ("fit", None) and getattr(reward, "needs_answers", False):  # the module's published reward
+            require_answers(self.training_prompts(), who=type(reward).__name__)
         self.eval_items = [self._encode(s.load(), f"evaluation set {s.name!r}")[0] for s in self.eval_sets]
         rank, world = self._rank_and_world()
         prompts_per_step = self.rollouts.prompts_per_step

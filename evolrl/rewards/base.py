@@ -20,7 +20,7 @@ class Reward(ABC):
 
     needs_answers = False
     """Whether it reads each prompt's ground truth: then ``fit`` checks every training prompt for one before the
-    first step (``EvolRLModule.setup``), where a check per batch would meet a bad row only when the shuffle does."""
+    first step (``RolloutDataModule.setup``), where a check per batch meets a bad row only when the shuffle does."""
 
     components: Mapping[str, str] = {}
     """The named ``[P, V]`` parts of its outputs, name -> what each holds. Its outputs know only these names

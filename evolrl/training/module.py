@@ -11,7 +11,7 @@ Non-obvious decisions:
 * The module trains on the batches it is given: a :class:`~evolrl.types.RolloutBatch`, or a
   :class:`~evolrl.types.RolloutSource` sampled inside ``training_step`` (a batch fetched ahead would come from older
   weights), refused if another version of the weights sampled it. It only publishes ``policy``; whatever samples reads
-  the weights from there (``evolrl.rollout.EngineSync``).
+  the weights from there (through its own callback).
 * A "step" is a training step everywhere: ``global_step``, ``max_steps``, checkpoint names, the progress bar, the
   curves and ``val_check_interval`` count rollout batches, however many optimizer steps each takes.
 """
@@ -26,7 +26,6 @@ import torch
 
 from evolrl.algorithms import GroupAdvantages, MismatchCorrection
 from evolrl.callbacks import LabelFreeDiagnostics, PassAtK, PolicyStats, RunSummary, SampleLogger
-from evolrl.data.sources import require_answers
 from evolrl.logprobs import check, keep_freed_memory
 from evolrl.lora import LoRA, adapter_state, check_targets, with_base
 from evolrl.models import empty_policy, model_config
@@ -40,7 +39,7 @@ from evolrl.training.loss import GRPOLoss
 from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, schedule_started, start_schedule
 from evolrl.training.scoring import score
 from evolrl.training.update import GRPOUpdate
-from evolrl.types import EvalOutput, PromptProvider, RolloutBatch, RolloutSource, StepOutput
+from evolrl.types import EvalOutput, RolloutBatch, RolloutSource, StepOutput
 
 
 class EvolRLModule(L.LightningModule):
@@ -132,8 +131,6 @@ class EvolRLModule(L.LightningModule):
             keep_freed_memory()
         if self.lora is not None:  # before any weights load: the architecture alone, on the meta device
             check_targets(self.lora, empty_policy(model_config(self.model_name, self.trust_remote_code)))
-        if stage == "fit" and self.reward.needs_answers and isinstance(self.trainer.datamodule, PromptProvider):
-            require_answers(self.trainer.datamodule.training_prompts(), who=type(self.reward).__name__)
 
     def configure_model(self) -> None:
         if self.policy is not None:
