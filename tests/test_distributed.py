@@ -231,8 +231,12 @@ def test_a_tied_qwen3_trains_checkpoints_resumes_and_exports_on_two_ranks(tmp_pa
 
 def test_two_ranks_train_lora_adapters_on_a_frozen_sharded_base(tmp_path, tiny_model):
     """FSDP2 shards the frozen base and the float32 adapters alike; only the adapters move, both ranks end with the
-    same merged weights, and the engine got them (the base with the adapters merged in)."""
-    ranks = fsdp_check(tmp_path, tiny_model, "--lora")
+    same merged weights, and the engine got them (the base with the adapters merged in). A sharded checkpoint keeps
+    the whole state, and a run resumed from it ends with the uninterrupted run's weights."""
+    ranks = fsdp_check(tmp_path / "run", tiny_model, "--lora", "--checkpoints")
+    resumed = fsdp_check(tmp_path / "resumed", tiny_model, "--lora", "--resume",
+                         str(tmp_path / "run" / "checkpoints" / "step=2.ckpt"))
+    assert [r["final"] for r in resumed] == [r["final"] for r in ranks]
     assert [r["world_size"] for r in ranks] == [2, 2]
     for report in ranks:
         assert report["local_numel"] * 2 == report["full_numel"]  # the base is sharded too

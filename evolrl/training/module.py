@@ -162,13 +162,13 @@ class EvolRLModule(L.LightningModule):
         start_schedule(scheduler, int(steps) * self.update.optimizer_steps(sequences))
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        if self.lora is not None:  # the adapters only: the base is the model string's
+        if self.lora is not None and self.device_mesh is None:  # adapters only; a sharded (FSDP2) one stays whole
             checkpoint["state_dict"] = adapter_state(checkpoint["state_dict"])
         checkpoint["evolrl"] = {"skipped_steps": self.update.skipped_steps, **self.flat_rewards.state_dict(),
                                 "torch_rng_state": torch.get_rng_state()}  # dropout in the policy, if any
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if self.lora is not None:  # the base from the model this run loaded; a missing adapter still fails the load
+        if self.lora is not None and "state_dict" in checkpoint:  # base from the loaded model; adapters must be there
             checkpoint["state_dict"] = with_base(checkpoint["state_dict"], self.state_dict())
         state = checkpoint.get("evolrl")
         if state is None:
