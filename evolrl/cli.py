@@ -9,16 +9,19 @@ Every class (reward, embedder, engine, prompt source, logger, callbacks) is chos
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import logging
 import operator
 import os
+import re
 import sys
 import types
 import typing
 import warnings
 
-from jsonargparse import set_parsing_settings
+import yaml
+from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
 
@@ -33,11 +36,14 @@ from evolrl.upgrade import moved_keys
 class EvolRLCLI(LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         # A key that moved gets an error naming its new place (evolrl.upgrade), not jsonargparse's "not expected".
-        moved = moved_keys(sys.argv[1:] if args is None else args)
+        if isinstance(args, (dict, Namespace)):  # a configuration as an object: nothing written to read
+            return super().parse_arguments(parser, args)
+        given = sys.argv[1:] if args is None else list(args)
+        moved = moved_keys(given)
         if moved:
             parser.error("; ".join(f"{old} moved to {new}" for old, new in moved)
                          + " (README.md, 'Upgrading': the table of moved keys)")
-        super().parse_arguments(parser, args)
+        self.config = parser.parse_args(with_class_defaults(given))  # as LightningCLI's own, on the rewritten list
 
     def add_arguments_to_parser(self, parser) -> None:
         # One model string for the policy and the tokenizer.
@@ -64,11 +70,54 @@ class EvolRLCLI(LightningCLI):
             super().instantiate_classes()
             if self.subcommand == "fit":  # what the module needs of the data module's engine, checked before loading
                 check_engine(self.model.mismatch_correction, self.datamodule.rollouts.engine)
+                if self.model.overlong is not None:  # its buffer against the sampling budget
+                    self.model.overlong.check(self.datamodule.rollouts.sampling.max_new_tokens)
         except (SettingError, ValueError) as err:
             setting = _setting_error(err)
             if setting is None:
                 raise
             self.parser.error(f"{setting} (in the configuration of `{self.subcommand}`)")
+
+
+CLASS_PATH = re.compile(r"[A-Za-z_][\w.]*\.[A-Z]\w*")
+"""A value naming a class: a dotted path ending in a CapWords name."""
+
+
+def with_class_defaults(args: list[str]) -> list[str]:
+    """``args`` with the defaults of each class chosen on the command line written out after it, where a later
+    argument does not set them (``--model.loss.policy_loss=evolrl.algorithms.CISPO`` gets ``CISPO``'s
+    ``clip_low=1.0``, ``clip_high=4.0``).
+
+    jsonargparse carries over the settings a new class shares with the one it replaces, so ``CISPO`` chosen after a
+    config with ``ClippedSurrogate`` would silently clip at ``ClippedSurrogate``'s 0.2 and 0.28. Only plain defaults
+    (numbers, strings, booleans, ``null``) are written; a nested object's settings carry over as jsonargparse does.
+    """
+    out: list[str] = []
+    pairs = [(i, *(a[2:].split("=", 1) if "=" in a else (a[2:], args[i + 1] if i + 1 < len(args) else "")))
+             for i, a in enumerate(args) if a.startswith("--")]
+    ends = {i + (0 if "=" in args[i] else 1): (key, value) for i, key, value in pairs}
+    for i, arg in enumerate(args):
+        out.append(arg)
+        if i not in ends or ends[i][0].endswith("+") or not CLASS_PATH.fullmatch(ends[i][1]):  # not an append
+            continue
+        key, class_path = ends[i]
+        later = {k[len(key) + 1 :].removeprefix("init_args.") for j, k, _ in pairs if j > i and k.startswith(f"{key}.")}
+        out += [f"--{key}.init_args.{name}={value}" for name, value in plain_defaults(class_path).items()
+                if name not in later]
+    return out
+
+
+def plain_defaults(class_path: str) -> dict[str, str]:
+    """The plain defaults of ``class_path``'s constructor, as YAML values; none where it does not import."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+        parameters = inspect.signature(cls).parameters.values()
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return {}  # jsonargparse names the bad class itself
+    plain = (int, float, str, bool, type(None))
+    return {p.name: yaml.safe_dump(p.default, default_flow_style=True).removesuffix("\n...\n").strip()
+            for p in parameters if p.default is not inspect.Parameter.empty and isinstance(p.default, plain)}
 
 
 def _setting_error(err: BaseException | None) -> SettingError | None:

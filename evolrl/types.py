@@ -75,6 +75,8 @@ class RolloutBatch:
     """``[P, G]`` indices of the responses to train on: a reward-independent subset of the ``V``."""
     temperature: float | None = None
     """The sampling temperature, at which the policy loss scores the tokens (``None``: unknown)."""
+    max_new_tokens: int | None = None
+    """The response budget it was sampled with (overlong shaping, Dr. GRPO's normalizer; ``None``: unknown)."""
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -118,9 +120,14 @@ class RolloutBatch:
 
 
 class RolloutSource(Protocol):
-    """Rollouts sampled only when asked, so a batch fetched ahead of its step samples the current weights."""
+    """Rollouts sampled only when asked, so a batch fetched ahead of its step samples the current weights; with
+    ``max_rounds > 1`` (dynamic sampling) ``more(round)`` is the source of the next prompts, sampled for ``round``."""
+
+    max_rounds: int
 
     def sample(self) -> RolloutBatch: ...
+
+    def more(self, round: int) -> RolloutSource: ...
 
 
 class EvalSource(RolloutSource, Protocol):

@@ -245,3 +245,23 @@ def test_two_ranks_train_lora_adapters_on_a_frozen_sharded_base(tmp_path, tiny_m
         assert report["engine_received"] == report["final"]
     assert ranks[0]["final"] == ranks[1]["final"]
     assert ranks[0]["final"] != weights_digest(tiny_model)  # the adapters changed the policy
+
+
+def test_dynamic_sampling_on_two_ranks_agrees_on_rounds_and_groups(tmp_path, tiny_model):
+    """Only even-numbered prompts' groups disagree (``fsdp_check --dynamic-sampling``): each rank keeps its own number
+    per round, yet both take the same rounds and train as many groups (no collective waits), all of them kept ones
+    unless no rank kept any."""
+    ranks = fsdp_check(tmp_path, tiny_model, "--dynamic-sampling", "3", "--prompts-per-step", "2")
+    steps = [[{k: v for k, v in step.items() if k.startswith("dynamic")} for step in r["mismatch"]] for r in ranks]
+    assert [len(s) for s in steps] == [3, 3]
+    for step0, step1 in zip(*steps):
+        for key in ("dynamic_sampling/rounds", "dynamic_sampling/kept_groups"):
+            assert step0[key] == step1[key]
+    for report, per_step in zip(ranks, steps):
+        trained = iter(report["prompts"])
+        for step in per_step:
+            kept = int(step["dynamic_sampling/kept_groups"])
+            ids = [next(trained) for _ in range(kept or 2)]
+            if kept:
+                assert all(int(i.split("-")[1]) % 2 == 0 for i in ids), ids
+    assert any(s["dynamic_sampling/rounds"] > 1 for s in steps[0])  # the check met extra rounds

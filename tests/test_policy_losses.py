@@ -257,3 +257,17 @@ def test_one_cli_training_step_with_each_overlay(tmp_path, tiny_model, monkeypat
     assert len(logged["train/loss"]) == 1
     assert all(math.isfinite(v) for v in logged["train/loss"] + logged["train/pg_loss"])
     assert "train/clip_high_frac" in logged
+
+
+def test_a_loss_chosen_on_the_command_line_starts_from_its_own_defaults(tmp_path, tiny_model, monkeypatch):
+    """After a config that sets ``ClippedSurrogate``'s clip range, ``--model.loss.policy_loss=...CISPO`` gives CISPO's
+    own defaults (jsonargparse alone would carry ``clip_low`` and ``clip_high`` over), and a setting given after it
+    is kept."""
+    config = tiny_config(tmp_path, tiny_model, loss={"policy_loss": {
+        "class_path": "evolrl.algorithms.ClippedSurrogate", "init_args": {"clip_low": 0.1, "clip_high": 0.3}}})
+    monkeypatch.setattr("sys.argv", ["evolrl"])
+    chosen = main(["--config", str(config), "--model.loss.policy_loss=evolrl.algorithms.CISPO"], run=False)
+    assert chosen.model.update.loss.policy_loss == CISPO()
+    chosen = main(["--config", str(config), "--model.loss.policy_loss", "evolrl.algorithms.GSPO",
+                   "--model.loss.policy_loss.clip_high=0.001"], run=False)
+    assert chosen.model.update.loss.policy_loss == GSPO(clip_high=0.001)

@@ -40,3 +40,9 @@ def group_advantages(rewards: Tensor, scale_by_std: bool = True, eps: float = 1e
     if rewards.shape[-1] < 2:
         return torch.zeros_like(rewards)
     return centered / (rewards.std(dim=-1, keepdim=True) + eps)
+
+
+def agreeing_groups(rewards: Tensor) -> Tensor:
+    """``[P, G]`` rewards to ``[P]`` bool: the groups whose rewards all agree. Their advantages are all zero, so they
+    train nothing through the policy gradient (dynamic sampling drops them)."""
+    return (rewards == rewards[:, :1]).all(dim=-1)

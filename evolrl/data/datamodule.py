@@ -16,7 +16,8 @@ weights version; see :class:`~evolrl.rollout.Rollouts`) and registers on its tra
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
@@ -27,10 +28,10 @@ from evolrl.data.eval_set import EvalSet
 from evolrl.data.loader import PromptLoader
 from evolrl.data.sources import DataError, PromptSource, require_answers
 from evolrl.models import load_tokenizer
-from evolrl.rollout import EngineSync, Rollouts, Sampling, Seeds
+from evolrl.rollout import DynamicSampling, EngineSync, Rollouts, Sampling, Seeds
 from evolrl.rollout.engine import RolloutEngine
 from evolrl.rollout.vllm_engine import VLLMEngine
-from evolrl.settings import check_int
+from evolrl.settings import check_int, require
 from evolrl.types import Prompt, RolloutBatch
 
 
@@ -43,10 +44,20 @@ class RolloutRequest:
     sampler: Callable[[Sequence[Prompt], Sequence[Sequence[int]]], RolloutBatch]
     eval_set: EvalSet | None = None
     """The evaluation set of a validation/test batch (its name and grader); ``None`` for training."""
+    max_rounds: int = 1
+    """Sampling rounds the step may take (dynamic sampling); 1: this batch only."""
+    further: Callable[[int], RolloutRequest] | None = None
+    """The next prompts' request, sampled for a given round (dynamic sampling)."""
 
     def sample(self) -> RolloutBatch:
         """Generate the response groups now, with the engine's current weights."""
         return self.sampler(self.prompts, self.prompt_ids)
+
+    def more(self, round: int) -> RolloutRequest:
+        """The request of the step's further prompts, sampled with ``round``'s seeds (dynamic sampling)."""
+        if self.further is None:
+            raise RuntimeError("this batch has no further prompts: dynamic sampling is off (data.dynamic_sampling)")
+        return self.further(round)
 
     def to(self, *args, **kwargs) -> RolloutRequest:
         """Itself: nothing to move to a device (see :meth:`evolrl.types.RolloutBatch.to`)."""
@@ -76,6 +87,8 @@ class RolloutDataModule(L.LightningDataModule):
         eval_sampling: How evaluation responses are sampled; ``null``: the paper's temperature 0.6 and
             top_p 0.95, with the training ``max_new_tokens``.
         eval_prompts_per_batch: Problems per evaluation batch.
+        dynamic_sampling: Drop groups whose trained rewards all agree and sample further prompts in their place
+            (DAPO; ``max_rounds``); ``null``: off.
     """
 
     def __init__(
@@ -96,6 +109,7 @@ class RolloutDataModule(L.LightningDataModule):
         eval_samples: int = 32,
         eval_sampling: Sampling | None = None,
         eval_prompts_per_batch: int = 8,
+        dynamic_sampling: DynamicSampling | None = None,
     ) -> None:
         super().__init__()
         check_int("RolloutDataModule.max_prompt_tokens", max_prompt_tokens, 1)
@@ -115,6 +129,9 @@ class RolloutDataModule(L.LightningDataModule):
                                  eval_prompts_per_batch=eval_prompts_per_batch, seeds=self.seeds)
         """Published to the module: the engine, the sampling and the weights version."""
         self.max_prompt_tokens = max_prompt_tokens
+        require(dynamic_sampling is None or isinstance(dynamic_sampling, DynamicSampling),
+                "RolloutDataModule.dynamic_sampling", dynamic_sampling, allowed="null or max_rounds: <n>")
+        self.dynamic_sampling = dynamic_sampling
         self.system_prompt = system_prompt
         self.shuffle = shuffle
         self.trust_remote_code = trust_remote_code
@@ -194,7 +211,13 @@ class RolloutDataModule(L.LightningDataModule):
         return self._eval_loaders()
 
     def _request(self, items: list[tuple[Prompt, tuple[int, ...]]]) -> RolloutRequest:
-        return RolloutRequest(tuple(p for p, _ in items), tuple(ids for _, ids in items), self.rollouts.sample)
+        rounds = self.dynamic_sampling.max_rounds if self.dynamic_sampling is not None else 1
+        return RolloutRequest(tuple(p for p, _ in items), tuple(ids for _, ids in items), self.rollouts.sample,
+                              max_rounds=rounds, further=self._further if rounds > 1 else None)
+
+    def _further(self, round: int) -> RolloutRequest:
+        """The loader's next batch, sampled with ``round``'s seeds."""
+        return replace(self._train_loader.take(), sampler=partial(self.rollouts.sample, round=round))
 
     def state_dict(self) -> dict:
         return {"rollouts": self.rollouts.state_dict()}

@@ -4,6 +4,9 @@ Each pass shuffles the prompts with the epoch's seed (``Seeds.shuffle``); ``stat
 many batches were handed out, and Lightning stores it in every checkpoint, so a resumed run
 continues with exactly the batches the interrupted one would have seen next (mid-epoch or at
 an epoch boundary). No worker processes: a batch is only a request for rollouts.
+
+Dynamic sampling draws further batches inside a step (:meth:`PromptLoader.take`): they move the same position on, so
+a step's extra prompts are never seen again in that epoch, and the checkpoint after the step records them too.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ class PromptLoader:
         self.world_size = world_size
         self.epoch = -1  # epoch of the current (or last) pass
         self.position = 0  # batches handed out in that pass
-        self._resuming = False
+        self._resuming = False  # the next pass continues the current one (a restored state, or take() began it)
 
     @staticmethod
     def batches(items: int, batch_size: int, world_size: int = 1) -> int:
@@ -55,11 +58,23 @@ class PromptLoader:
             self.epoch += 1
             self.position = 0
         self._resuming = False
-        order = self._order()
-        while self.position < len(self):
-            start = (self.position * self.world_size + self.rank) * self.batch_size
-            self.position += 1
-            yield self.make_batch([self.items[i] for i in order[start : start + self.batch_size]])
+        epoch, order = self.epoch, self._order()
+        while self.epoch == epoch and self.position < len(self):  # take() may have begun the next epoch
+            yield self._next(order)
+
+    def take(self) -> Any:
+        """The next batch, outside the iteration (dynamic sampling's further prompts); when the epoch is spent, the
+        first of the next one, which the next iteration then continues."""
+        if self.position >= len(self):
+            self.epoch += 1
+            self.position = 0
+            self._resuming = True
+        return self._next(self._order())
+
+    def _next(self, order: list[int]) -> Any:
+        start = (self.position * self.world_size + self.rank) * self.batch_size
+        self.position += 1
+        return self.make_batch([self.items[i] for i in order[start : start + self.batch_size]])
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position}

@@ -39,6 +39,18 @@ class Sampling:
         check_int("Sampling.max_new_tokens", self.max_new_tokens, 1)
 
 
+@dataclass(frozen=True)
+class DynamicSampling:
+    """DAPO's dynamic sampling (Yu et al. 2025): a group whose trained rewards all agree trains nothing, so it is
+    dropped and further prompts are sampled until the step has its number of groups."""
+
+    max_rounds: int = 3
+    """Sampling rounds per step at most, the first included; then the step trains on the groups it kept."""
+
+    def __post_init__(self) -> None:
+        check_int("DynamicSampling.max_rounds", self.max_rounds, 1)
+
+
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "</s>")
 
 

@@ -83,24 +83,27 @@ class Rollouts:
         self.engine.load_weights(policy, version=self.version)
         self.loaded = True
 
-    def sample(self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]]) -> RolloutBatch:
-        """V responses per prompt with the current weights, and the G of each group to train on (``trained``)."""
+    def sample(self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]], round: int = 0) -> RolloutBatch:
+        """V responses per prompt with the current weights, and the G of each group to train on (``trained``);
+        ``round``: which of the step's sampling rounds (dynamic sampling), each with its own seeds."""
         version = self.engine.version
-        groups = self.engine.generate(prompts, prompt_ids, sampling=self.sampling, n=self.vote_samples,
-                                      seed=self.seeds.sampling(version, self.rank))
-        g = torch.Generator().manual_seed(self.seeds.trained_subset(version))
+        seed, subset = (self.seeds.further_round(version, self.rank, round) if round else
+                        (self.seeds.sampling(version, self.rank), self.seeds.trained_subset(version)))
+        groups = self.engine.generate(prompts, prompt_ids, sampling=self.sampling, n=self.vote_samples, seed=seed)
+        g = torch.Generator().manual_seed(subset)
         trained = torch.stack(
             [torch.randperm(self.vote_samples, generator=g)[: self.trained_samples] for _ in groups]
         )  # [P, G]
         return RolloutBatch(tuple(groups), weights_version=version, trained=trained,
-                            temperature=self.sampling.temperature)
+                            temperature=self.sampling.temperature, max_new_tokens=self.sampling.max_new_tokens)
 
     def sample_eval(self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]]) -> RolloutBatch:
         """``eval_samples`` responses per evaluation problem with the current weights."""
         version = self.engine.version
         groups = self.engine.generate(prompts, prompt_ids, sampling=self.eval_sampling, n=self.eval_samples,
                                       seed=self.seeds.sampling(version, self.rank, evaluation=True))
-        return RolloutBatch(tuple(groups), weights_version=version, temperature=self.eval_sampling.temperature)
+        return RolloutBatch(tuple(groups), weights_version=version, temperature=self.eval_sampling.temperature,
+                            max_new_tokens=self.eval_sampling.max_new_tokens)
 
     def state_dict(self) -> dict[str, int]:
         return {"version": self.version}

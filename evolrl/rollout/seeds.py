@@ -41,13 +41,22 @@ class Seeds:
         evaluation and ranks apart (spaced ~2^62 at random, where n is at most a few hundred), and stay below
         2^63 - n, inside vLLM's int64.
         """
-        digest = (hashlib.blake2b(f"{call}:{i}".encode(), digest_size=8).digest() for i in range(count))
-        return [int.from_bytes(d, "little") >> 2 for d in digest]
+        return [_hashed(f"{call}:{i}") for i in range(count)]
 
     def trained_subset(self, version: int) -> int:
         """The draw of the G trained responses out of the V sampled ones, at weights ``version``."""
         return self.seed * 1_000_003 + version
 
+    def further_round(self, version: int, rank: int, round: int) -> tuple[int, int]:
+        """A training step's further sampling ``round`` (dynamic sampling; ``round >= 1``): the seed of its
+        ``generate`` call and of its trained subset, hashed apart from every other stream's."""
+        return _hashed(f"sampling:{self.seed}:{version}:{rank}:{round}"), _hashed(f"trained:{self.seed}:{version}:{round}")
+
     def shuffle(self, epoch: int) -> int:
         """The order of the training prompts in ``epoch``."""
         return self.seed + epoch
+
+
+def _hashed(key: str) -> int:
+    """A 62-bit hash of ``key``."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 2

@@ -64,11 +64,6 @@ class GRPOLoss:
 
     def as_dict(self) -> dict:
         """The settings as plain values (a chosen class as its ``class_path`` and ``init_args``), as in a config."""
-        def plain(choice: object | None) -> dict | None:
-            if choice is None:
-                return None
-            return {"class_path": f"{type(choice).__module__}.{type(choice).__qualname__}", "init_args": asdict(choice)}
-
         return asdict(self) | {name: plain(getattr(self, name))
                                for name in ("policy_loss", "aggregation", "mismatch_correction")}
 
@@ -87,6 +82,13 @@ class GRPOLoss:
         """A pass's loss and its terms (:func:`pass_loss`); ``compiled``: through ``torch.compile``."""
         return _loss_of(compiled)(self, logp, entropy, old=old, ref=ref, advantages=advantages, mask=mask,
                                   normalizer=normalizer, weights=weights)
+
+
+def plain(choice: object | None) -> dict | None:
+    """A chosen class (a frozen dataclass) as its ``class_path`` and ``init_args``, as in a config; ``None`` as is."""
+    if choice is None:
+        return None
+    return {"class_path": f"{type(choice).__module__}.{type(choice).__qualname__}", "init_args": asdict(choice)}
 
 
 def pass_loss(cfg: GRPOLoss, logp: Tensor, entropy: Tensor, old: Tensor, ref: Tensor | None, advantages: Tensor,

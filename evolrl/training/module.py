@@ -24,7 +24,7 @@ from dataclasses import asdict
 import lightning as L
 import torch
 
-from evolrl.algorithms import GroupAdvantages, MismatchCorrection
+from evolrl.algorithms import GroupAdvantages, MismatchCorrection, Overlong
 from evolrl.callbacks import LabelFreeDiagnostics, PassAtK, PolicyStats, RunSummary, SampleLogger
 from evolrl.logprobs import check, keep_freed_memory
 from evolrl.lora import LoRA, adapter_state, check_targets, with_base
@@ -35,9 +35,9 @@ from evolrl.training.batching import Batching
 from evolrl.training.build import DTYPES, Dtypes, Frozen, build_models
 from evolrl.training.evaluation import grade_request
 from evolrl.training.flat_rewards import FlatRewardCheck
-from evolrl.training.loss import GRPOLoss
+from evolrl.training.loss import GRPOLoss, plain
 from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, schedule_started, start_schedule
-from evolrl.training.scoring import score
+from evolrl.training.scoring import Scoring, fresh, score_rounds
 from evolrl.training.update import GRPOUpdate
 from evolrl.types import EvalOutput, RolloutBatch, RolloutSource, StepOutput
 
@@ -50,6 +50,8 @@ class EvolRLModule(L.LightningModule):
         reward: Reward class; default ``EvolReward`` with the packaged MiniLM embedder.
         advantages: How a group's rewards become advantages (``scale_by_std``).
         loss: The loss: surrogate, KL, entropy bonus, aggregation, mismatch correction.
+        overlong: Overlong shaping (DAPO, ``class_path``): ``evolrl.algorithms.OverlongPenalty`` or
+            ``OverlongMask``; ``null``: off.
         optim: Optimizer and schedule settings.
         batching: Mini-batches (one optimizer step each), micro-batches (one pass each: by count or a token budget,
             padded or packed) and the fused LM head (``evolrl.training.Batching``).
@@ -74,6 +76,7 @@ class EvolRLModule(L.LightningModule):
         reward: Reward | None = None,
         advantages: GroupAdvantages = GroupAdvantages(),  # noqa: B008 (frozen)
         loss: GRPOLoss = GRPOLoss(),  # noqa: B008 (frozen-in-spirit config; jsonargparse expands its fields)
+        overlong: Overlong | None = None,
         optim: Optimization = Optimization(),  # noqa: B008
         batching: Batching = Batching(),  # noqa: B008 (frozen)
         dtype: str = "float32",
@@ -92,7 +95,8 @@ class EvolRLModule(L.LightningModule):
         check_choice("EvolRLModule.fsdp_param_dtype", fsdp_param_dtype, DTYPES)
         # Plain values only, so checkpoints load with torch.load(weights_only=True).
         self.save_hyperparameters({
-            "model": model, "advantages": asdict(advantages), "loss": loss.as_dict(), "optim": asdict(optim), "batching": asdict(batching), "dtype": dtype,
+            "model": model, "advantages": asdict(advantages), "loss": loss.as_dict(),
+            "overlong": plain(overlong), "optim": asdict(optim), "batching": asdict(batching), "dtype": dtype,
             "reference_dtype": reference_dtype, "fsdp_param_dtype": fsdp_param_dtype,
             "gradient_checkpointing": gradient_checkpointing, "lora": asdict(lora) if lora is not None else None,
         })
@@ -100,6 +104,9 @@ class EvolRLModule(L.LightningModule):
         self.model_name = model
         self.reward = reward if reward is not None else EvolReward()
         self.advantages = advantages
+        require(overlong is None or isinstance(overlong, Overlong), "EvolRLModule.overlong", overlong,
+                allowed="null, evolrl.algorithms.OverlongPenalty or evolrl.algorithms.OverlongMask")
+        self.overlong = overlong
         self.update = GRPOUpdate(loss, batching, optim.max_grad_norm)
         self.optim_cfg = optim
         self.dtype_name, self.reference_dtype, self.fsdp_param_dtype = dtype, reference_dtype, fsdp_param_dtype
@@ -185,52 +192,44 @@ class EvolRLModule(L.LightningModule):
               compiled=b.compile_blocks)
 
     # ---- one training step --------------------------------------------------------------
-    def fresh(self, batch: RolloutBatch | RolloutSource) -> RolloutBatch:
-        """The step's rollouts (sampled now, for a request), refused if another version of the weights sampled them
-        (they would train off-policy) or if they do not say at which temperature."""
-        rollouts = batch if isinstance(batch, RolloutBatch) else batch.sample()
-        version, step = rollouts.weights_version, self.trainer.global_step
-        if version is not None and version != step:
-            raise RuntimeError(f"stale rollouts: sampled with weights version {version}, but the policy is at "
-                               f"version {step} (one version per training step)")
-        if rollouts.temperature is None:
-            raise ValueError("the rollout batch does not say at which temperature it was sampled "
-                             "(RolloutBatch.temperature): the loss takes its log-probs under that temperature")
-        return rollouts
-
     def training_step(self, batch: RolloutBatch | RolloutSource, batch_idx: int) -> StepOutput:
         t0 = time.perf_counter()
-        rollouts = self.fresh(batch)
+        rollouts = fresh(batch, self.trainer.global_step)
         t1 = time.perf_counter()
-        # rewards [P, V], trained [P, G]
-        scored = score(self.reward, self.advantages, rollouts, self.device,
-                       policy_pass=lambda seqs, temperature: self.update.policy_pass(self.policy, seqs, temperature),
-                       vocabulary=self.policy.get_output_embeddings().weight.shape[0])
+        scoring = Scoring(self.reward, self.advantages, self.overlong, self.device,
+                          policy_pass=lambda seqs, temperature: self.update.policy_pass(self.policy, seqs, temperature),
+                          vocabulary=self.policy.get_output_embeddings().weight.shape[0])
+        # rewards [P, V], trained [P, G]; with dynamic sampling, the groups kept over the step's rounds
+        scored = score_rounds(scoring, rollouts, None if isinstance(batch, RolloutBatch) else batch, self.fewest)
         t2 = time.perf_counter()
         self.flat_rewards(scored.advantages)
         seqs = scored.seqs
-        self.start_schedule(len(seqs))
+        self.start_schedule(rollouts.trained.numel())  # as sampled: a step of dynamic sampling may train fewer
         optimizer = CountedOnce(self.optimizers(), self.trainer.strategy, self.update.optimizer_steps(len(seqs)))
         stats = self.update(self.policy, self.reference.model if self.reference else None, seqs,
                             temperature=rollouts.temperature, optimizer=optimizer, scheduler=self.lr_schedulers(),
                             backward=self.manual_backward, world_size=self.trainer.world_size,
-                            policy_pass=scored.policy_pass)
+                            policy_pass=scored.policy_pass, max_new_tokens=rollouts.max_new_tokens)
         t3 = time.perf_counter()
 
-        stats |= {
+        stats |= scored.stats | {
             "advantage_abs": scored.advantages.abs().mean().item(),
             "lr": self.optimizers().param_groups[0]["lr"],
             "skipped_steps": float(self.update.skipped_steps),
         }
         timing = {"step": t3 - t0, "sample": t1 - t0, "reward": t2 - t1, "update": t3 - t2}
         # Entropy, lengths and the label-free diagnostics: the callbacks (evolrl.callbacks) read the output.
-        logged = {k if "/" in k else f"train/{k}": v for k, v in stats.items() if k != "entropy"}  # mismatch/* as is
+        logged = {k if k.startswith("mismatch/") else f"train/{k}": v for k, v in stats.items() if k != "entropy"}
         self.log_dict(logged, on_step=True, batch_size=len(seqs))
         self.log_dict({f"time/{k}": v for k, v in timing.items()}, on_step=True, batch_size=len(seqs))
         bar = {"reward": scored.rewards.rewards.nanmean().item(), "entropy": stats["entropy"],
-               "len": seqs.response_mask.sum(-1).float().mean().item(), "step_s": timing["step"]}
+               "len": scored.response_length(), "step_s": timing["step"]}
         self.log_dict(bar, prog_bar=True, logger=False, on_step=True, batch_size=len(seqs))
-        return StepOutput(rollouts=rollouts, rewards=scored.rewards, stats=stats, timing=timing)
+        return StepOutput(rollouts=scored.rollouts, rewards=scored.rewards, stats=stats, timing=timing)
+
+    def fewest(self, count: int) -> int:
+        """The smallest ``count`` over the ranks (dynamic sampling's rounds and groups, the same on every rank)."""
+        return int(self.trainer.strategy.reduce(torch.tensor(count, device=self.device), reduce_op="min").item())
 
     # ---- evaluation ---------------------------------------------------------------------
     def validation_step(self, request, batch_idx: int, dataloader_idx: int = 0) -> EvalOutput:

@@ -3,6 +3,10 @@
 A reward that reads the policy (``reward.needs_policy``: self-certainty, token entropy) is given one no-grad pass of
 the policy over the trained sequences (the ``policy_pass`` function, ``GRPOUpdate.policy_pass``), which the update
 then reuses for its old log-probs; any other reward reads the responses only and no pass is made here.
+
+Overlong shaping (``model.overlong``) acts on the rewards before the advantages and on the loss mask after them.
+Dynamic sampling (:func:`score_rounds`) scores round after round of prompts and keeps the groups whose trained
+rewards disagree, as many on every rank.
 """
 
 from __future__ import annotations
@@ -12,12 +16,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from evolrl.algorithms import GroupAdvantages
+from evolrl.algorithms import GroupAdvantages, Overlong, agreeing_groups
 from evolrl.logprobs import Sequences, trained_sequences
 from evolrl.rewards import Reward
 from evolrl.rewards.policy_signal import PolicySignal
 from evolrl.training.update import PolicyPass
-from evolrl.types import RewardOutput, RolloutBatch
+from evolrl.types import Components, RewardOutput, RolloutBatch, RolloutSource
 
 
 @dataclass(frozen=True)
@@ -32,26 +36,158 @@ class Scored:
     """The trained responses, on the policy's device, their advantages set."""
     policy_pass: PolicyPass | None
     """The policy pass a reward read, for the update's old log-probs; ``None`` when the reward read none."""
+    rollouts: RolloutBatch
+    """The groups scored (with dynamic sampling: those kept, from every round)."""
+    stats: dict[str, float]
+    """What overlong shaping and dynamic sampling did (``overlong/*``, ``dynamic_sampling/*``)."""
+
+    def response_length(self) -> float:
+        """The trained responses' mean length in tokens (whether or not the loss masks them)."""
+        picks = self.rollouts.trained.tolist()
+        lengths = [len(g.response_ids[v]) for g, rows in zip(self.rollouts.groups, picks) for v in rows]
+        return sum(lengths) / len(lengths)
+
+
+def fresh(batch: RolloutBatch | RolloutSource, step: int) -> RolloutBatch:
+    """The step's first rollouts (sampled now, for a request), refused if another version of the weights than the
+    policy's at ``step`` sampled them (they would train off-policy) or if they do not say at which temperature."""
+    rollouts = batch if isinstance(batch, RolloutBatch) else batch.sample()
+    if rollouts.weights_version is not None and rollouts.weights_version != step:
+        raise RuntimeError(f"stale rollouts: sampled with weights version {rollouts.weights_version}, but the policy "
+                           f"is at version {step} (one version per training step)")
+    if rollouts.temperature is None:
+        raise ValueError("the rollout batch does not say at which temperature it was sampled "
+                         "(RolloutBatch.temperature): the loss takes its log-probs under that temperature")
+    return rollouts
 
 
 PAD_ID = 0
 """Right-padding positions are masked out of attention and loss, so their token id is never read: any id serves."""
 
 
+@dataclass(frozen=True)
+class Scoring:
+    """What scores a step: the reward, the advantages, the overlong shaping, and the policy pass a reward may read."""
+
+    reward: Reward
+    advantages_of: GroupAdvantages
+    overlong: Overlong | None
+    device: torch.device
+    policy_pass: Callable[[Sequences, float], PolicyPass]
+    vocabulary: int
+    """The policy's vocabulary size (for a reward that reads the policy)."""
+
+    def __call__(self, rollouts: RolloutBatch) -> Scored:
+        """Rewards ``[P, V]`` (shaped), group advantages of the trained ``[P, G]`` and their sequences (scored under
+        the temperature the rollouts were sampled at)."""
+        seqs = trained_sequences(rollouts, torch.zeros(rollouts.trained.shape), PAD_ID).to(self.device)
+        passed = None
+        if self.reward.needs_policy:
+            passed = self.policy_pass(seqs, rollouts.temperature)
+            signal = PolicySignal.from_tokens(rollouts.trained, seqs.response_mask, logp=passed.logp,
+                                              entropy=passed.entropy, mean_logp=passed.mean_logp,
+                                              vocabulary=self.vocabulary)
+            rewards = self.reward(rollouts, policy=signal)
+        else:
+            rewards = self.reward(rollouts)
+        rewards, stats = self.shape(rollouts, rewards)
+        advantages = self.advantages_of(rewards.rewards.gather(1, rollouts.trained))  # [P, G]
+        seqs, masked = self.mask(rollouts, replace(seqs, advantages=advantages.reshape(-1).float().to(self.device)))
+        return Scored(rewards, advantages, seqs=seqs, policy_pass=passed, rollouts=rollouts, stats=stats | masked)
+
+    def mask(self, rollouts: RolloutBatch, seqs: Sequences) -> tuple[Sequences, dict[str, float]]:
+        """``seqs`` with the truncated responses out of the loss mask (:class:`~evolrl.algorithms.OverlongMask`),
+        and the share left out."""
+        if self.overlong is None or not self.overlong.masks():
+            return seqs, {}
+        left_out = _truncated(rollouts).gather(1, rollouts.trained).reshape(-1, 1).to(self.device)
+        return replace(seqs, response_mask=seqs.response_mask & ~left_out), {
+            "overlong/masked": left_out.float().mean().item()}
+
+    def shape(self, rollouts: RolloutBatch, rewards: RewardOutput) -> tuple[RewardOutput, dict[str, float]]:
+        """The rewards with the overlong penalty added, and the share of responses it touched."""
+        if self.overlong is None:
+            return rewards, {}
+        budget = rollouts.max_new_tokens
+        if budget is None:
+            raise ValueError("overlong shaping needs the rollout batch's max_new_tokens (RolloutBatch.max_new_tokens)")
+        self.overlong.check(budget)
+        lengths = torch.tensor([[len(ids) for ids in g.response_ids] for g in rollouts.groups])
+        penalty = self.overlong.penalty(lengths, _truncated(rollouts), budget)
+        if penalty is None:
+            return rewards, {}
+        shaped = replace(rewards, rewards=rewards.rewards + penalty.to(rewards.rewards))
+        return shaped, {"overlong/penalized": (penalty < 0).float().mean().item()}
+
+
 def score(reward: Reward, advantages_of: GroupAdvantages, rollouts: RolloutBatch, device: torch.device,
           policy_pass: Callable[[Sequences, float], PolicyPass], vocabulary: int) -> Scored:
-    """Rewards ``[P, V]``, then group advantages of the trained ``[P, G]`` and their sequences (scored under the
-    temperature the rollouts were sampled at). ``policy_pass(seqs, temperature)`` and the policy's ``vocabulary``
-    size serve a reward that reads the policy."""
-    seqs = trained_sequences(rollouts, torch.zeros(rollouts.trained.shape), PAD_ID).to(device)
-    passed = None
-    if reward.needs_policy:
-        passed = policy_pass(seqs, rollouts.temperature)
-        signal = PolicySignal.from_tokens(rollouts.trained, seqs.response_mask, logp=passed.logp,
-                                          entropy=passed.entropy, mean_logp=passed.mean_logp, vocabulary=vocabulary)
-        rewards = reward(rollouts, policy=signal)
-    else:
-        rewards = reward(rollouts)
-    advantages = advantages_of(rewards.rewards.gather(1, rollouts.trained))  # [P, G]
-    seqs = replace(seqs, advantages=advantages.reshape(-1).float().to(device))
-    return Scored(rewards, advantages, seqs=seqs, policy_pass=passed)
+    """One batch scored without overlong shaping or dynamic sampling (:class:`Scoring`)."""
+    return Scoring(reward, advantages_of, None, device, policy_pass, vocabulary)(rollouts)
+
+
+def score_rounds(scoring: Scoring, first: RolloutBatch, source: RolloutSource | None,
+                 fewest: Callable[[int], int]) -> Scored:
+    """``first`` scored; with dynamic sampling (``source.max_rounds > 1``) its agreeing groups dropped and further
+    rounds of prompts scored until every rank has kept as many groups as ``first`` has, or the rounds are spent.
+
+    ``fewest(n)`` is the smallest ``n`` over the ranks (the same calls on every rank, so no collective hangs); every
+    rank then trains on that many groups, its first kept. Where no rank kept any, the step trains on ``first`` as it
+    was sampled (its advantages zero: only the entropy and KL terms act), as it would without dynamic sampling.
+    """
+    scored = scoring(first)
+    if source is None or source.max_rounds <= 1:
+        return scored
+    wanted, rounds, parts = first.num_prompts, 1, []
+
+    def keep(part: Scored) -> int:
+        rows = (~agreeing_groups(part.rewards.rewards.gather(1, part.rollouts.trained))).nonzero().flatten().tolist()
+        parts.append((part, rows))
+        return len(rows)
+
+    kept = keep(scored)
+    while rounds < source.max_rounds and fewest(kept) < wanted:
+        source = source.more(rounds)
+        kept += keep(scoring(source.sample()))
+        rounds += 1
+    trained = min(fewest(kept), wanted)
+    penalized = [part.stats["overlong/penalized"] for part, _ in parts if "overlong/penalized" in part.stats]
+    shaped = {"overlong/penalized": sum(penalized) / len(penalized)} if penalized else {}  # over every round
+    stats = {"dynamic_sampling/rounds": float(rounds), "dynamic_sampling/kept_groups": float(trained),
+             "dynamic_sampling/dropped_groups": float(rounds * wanted - kept)}
+    if trained == 0:
+        return replace(scored, stats=scored.stats | shaped | stats)
+    picks, left = [], trained
+    for part, rows in parts:
+        picks.append((part, rows[:left]))
+        left -= len(picks[-1][1])
+    return _joined(scoring, [(p, r) for p, r in picks if r], shaped, stats)
+
+
+def _joined(scoring: Scoring, picks: list[tuple[Scored, list[int]]], shaped: dict[str, float],
+            stats: dict[str, float]) -> Scored:
+    """The groups ``picks`` (each scored part's rows) as one scored step, in order; the sequences rebuilt (the
+    policy pass a reward read is not: the update makes its own)."""
+    groups = tuple(p.rollouts.groups[r] for p, rows in picks for r in rows)
+    take = [torch.tensor(rows) for _, rows in picks]
+    first = picks[0][0].rollouts
+    rollouts = replace(first, groups=groups, trained=torch.cat([p.rollouts.trained[t] for (p, _), t in zip(picks, take)]))
+    outputs = [p.rewards for p, _ in picks]
+    names = outputs[0].components.names
+    components = {name: torch.cat([o.components[name][t] for o, t in zip(outputs, take)])
+                  for name in outputs[0].components}
+    rewards = RewardOutput(torch.cat([o.rewards[t] for o, t in zip(outputs, take)]),
+                           answers=tuple(o.answers[r] for o, (_, rows) in zip(outputs, picks) for r in rows),
+                           labels=tuple(o.labels[r] for o, (_, rows) in zip(outputs, picks) for r in rows),
+                           components=Components(components, names))
+    advantages = torch.cat([p.advantages[t] for (p, _), t in zip(picks, take)])
+    seqs, masked = scoring.mask(rollouts, trained_sequences(rollouts, advantages, PAD_ID).to(scoring.device))
+    return Scored(rewards, advantages, seqs=seqs, policy_pass=None, rollouts=rollouts, stats=shaped | masked | stats)
+
+
+def _truncated(rollouts: RolloutBatch) -> torch.Tensor:
+    truncated = rollouts.truncated()
+    if truncated is None:
+        raise ValueError("overlong shaping needs to know which responses were truncated; the rollout engine did not "
+                         "say (ResponseGroup.truncated)")
+    return truncated

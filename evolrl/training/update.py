@@ -136,9 +136,11 @@ class GRPOUpdate:
 
     def __call__(self, policy: nn.Module, reference: nn.Module | None, seqs: Sequences, temperature: float,
                  optimizer, scheduler, backward: Callable[[Tensor], None] = Tensor.backward,
-                 world_size: int = 1, policy_pass: PolicyPass | None = None) -> dict[str, float]:
+                 world_size: int = 1, policy_pass: PolicyPass | None = None,
+                 max_new_tokens: int | None = None) -> dict[str, float]:
         """Train on ``seqs``; the mean of each loss term over the mini-batches. With ``policy_pass`` (:meth:`policy_pass` of
-        these sequences, before any change to the policy), its plan and old log-probs are used.
+        these sequences, before any change to the policy), its plan and old log-probs are used; ``max_new_tokens``,
+        the budget the responses were sampled with, is what a constant normalizer (Dr. GRPO) reads.
 
         Plan, then per mini-batch its passes (:meth:`train_pass`) and one optimizer step (:meth:`optimizer_step`).
         ``backward`` is the caller's (Lightning's ``manual_backward``); ``world_size`` scales the global normalizer
@@ -157,7 +159,7 @@ class GRPOUpdate:
         totals = StepTotals()
         for i, (minibatch, rows) in enumerate(zip(plan, minis)):
             # Fixed before the micro-batch loop: accumulation does not change the loss.
-            local = self.loss.aggregation.normalizer(seqs.response_mask[rows.start : rows.stop])
+            local = self.loss.aggregation.normalizer(seqs.response_mask[rows.start : rows.stop], max_new_tokens)
             normalizer = global_sum(local.float()) / world_size
             for j, micro in enumerate(minibatch):
                 sync_gradients(policy, j == len(minibatch) - 1 or self.batching.reduce_every_pass)

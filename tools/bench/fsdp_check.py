@@ -36,6 +36,10 @@ Every rank reports the ``mismatch/*`` numbers of each step.
 ``--lora`` trains rank-4 LoRA adapters on the frozen, sharded base (``model.lora``); every rank also reports the
 names of its trainable parameters and whether the base's full weights are still those of the file.
 
+``--dynamic-sampling ROUNDS`` samples up to ROUNDS rounds per step (``data.dynamic_sampling``), with a reward under
+which only even-numbered prompts' groups disagree, so that the ranks keep different numbers of groups per round and
+must agree on the rounds and on the groups they train; every rank reports each step's ``dynamic_sampling/*``.
+
 ``--precision bf16-mixed`` trains as the paper configs do (FSDP all-gathers bf16 copies, the reference is
 bf16); every rank also reports the dtypes of the policy's shards and gradients, of the copies its first
 block computed with, and of the reference, and digests of the weights at the start (policy, reference).
@@ -44,6 +48,7 @@ block computed with, and of the reference, and digests of the weights at the sta
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -61,7 +66,7 @@ from evolrl.logprobs.forward import sequence_logprobs
 from evolrl.lora import LoRA
 from evolrl.models import load_policy
 from evolrl.rewards import MajorityVoteReward
-from evolrl.rollout import HFEngine, Sampling, VLLMEngine
+from evolrl.rollout import DynamicSampling, HFEngine, Sampling, VLLMEngine
 from evolrl.rollout.check import sampler_logprob_gap
 from evolrl.rollout.engine import build_group
 from evolrl.rollout.vllm_engine import full_state_dict
@@ -210,6 +215,18 @@ def base_unchanged(policy: torch.nn.Module, model_dir: str) -> bool:
     return same
 
 
+class EvenPrompts(MajorityVoteReward):
+    """The majority vote's output, with rewards 0, 1, ..., V-1 for an even-numbered prompt's responses (any two
+    disagree) and 0 for the others' (all agree): which groups dynamic sampling keeps is known from the prompts."""
+
+    def __call__(self, batch):
+        output = super().__call__(batch)
+        varied = torch.arange(batch.group_size, dtype=torch.float32)
+        rewards = torch.stack([varied if int(p.id.split("-")[1]) % 2 == 0 else torch.zeros(batch.group_size)
+                               for p in batch.prompts])
+        return dataclasses.replace(output, rewards=rewards)
+
+
 class PlainSGD(EvolRLModule):
     """SGD at a constant learning rate instead of AdamW: the final weights are then linear in every step's gradients
     and two runs compare as tightly as their gradients do (AdamW's g / sqrt(v) turns float noise in a gradient near
@@ -232,7 +249,7 @@ class Prompts(L.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self.ids += [p.id for p in outputs["rollouts"].prompts]
-        self.mismatch.append({k: v for k, v in outputs["stats"].items() if k.startswith("mismatch/")})
+        self.mismatch.append({k: v for k, v in outputs["stats"].items() if k.startswith(("mismatch/", "dynamic"))})
 
     def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0):
         if not trainer.sanity_checking:
@@ -242,14 +259,15 @@ class Prompts(L.Callback):
 def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int = 1, scripted: bool = False,
          engine_kind: str = "hf", checkpoints: bool = False, resume: str | None = None, precision: str = "32-true",
          max_tokens: int | None = None, packed: bool = False, uneven: bool = False,
-         sgd: bool = False, mismatch: str | None = None, lora: bool = False) -> None:
+         sgd: bool = False, mismatch: str | None = None, lora: bool = False, dynamic_sampling: int | None = None) -> None:
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     group = 3
     module_class = PlainSGD if sgd else EvolRLModule
     batching = Batching(mini_batch_size=group * prompts_per_step, micro_batch_size=2,
                         max_tokens_per_micro_batch=max_tokens, packed=packed)
     loss = GRPOLoss(mismatch_correction=CORRECTIONS[mismatch]() if mismatch else None)
-    module = module_class(model_dir, reward=MajorityVoteReward(), batching=batching, loss=loss,
+    module = module_class(model_dir, reward=EvenPrompts() if dynamic_sampling else MajorityVoteReward(),
+                          batching=batching, loss=loss,
                           lora=LoRA(rank=4, alpha=8.0) if lora else None,
                           # scripted: no clipping, which would hide a wrong gradient scale
                           optim=Optimization(lr=1e-2, max_grad_norm=1e6 if scripted else 1.0))
@@ -259,7 +277,8 @@ def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int =
         engine = RecordingVLLMEngine(dtype="float32", enforce_eager=True, kv_cache_gib=0.05, max_model_len=256)
     else:
         engine = RecordingEngine()
-    data = RolloutDataModule(AdditionPrompts(count=8), model=model_dir, engine=engine,
+    data = RolloutDataModule(AdditionPrompts(count=16 if dynamic_sampling else 8), model=model_dir, engine=engine,
+                             dynamic_sampling=DynamicSampling(dynamic_sampling) if dynamic_sampling else None,
                              prompts_per_step=prompts_per_step, vote_samples=group if scripted else 4,
                              trained_samples=group, sampling=Sampling(max_new_tokens=6),
                              eval_sets=[EvalSet(AdditionPrompts(count=5, seed=1), "add")], eval_samples=2,
@@ -270,7 +289,8 @@ def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int =
     callbacks = [prompts, pass_at_k, dtypes, passes, FirstGradient(Path(out_dir, "grads.pt"))]
     if checkpoints:
         callbacks.append(ModelCheckpoint(Path(out_dir, "checkpoints"), "{step}", every_n_train_steps=1, save_top_k=-1))
-    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, precision=precision, max_epochs=1,
+    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, precision=precision,
+                        max_epochs=-1 if dynamic_sampling else 1, max_steps=3,  # extra rounds may end an epoch early
                         limit_train_batches=3,
                         num_sanity_val_steps=0, logger=False, enable_checkpointing=checkpoints, enable_progress_bar=False,
                         enable_model_summary=False, callbacks=callbacks)
@@ -291,7 +311,7 @@ def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int =
         "engine_received": engine.received,
         "engine_version": engine.version,
         "prompts": prompts.ids,
-        "mismatch": prompts.mismatch,  # [step] {tag: value}
+        "mismatch": prompts.mismatch,  # [step] {tag: value}: mismatch/* and dynamic_sampling/*
         "evaluated": prompts.evaluated,  # the evaluation problems this rank sampled
         "eval_table": pass_at_k.table,  # pass@k / maj@k over all ranks' problems
         **dtypes.report,
@@ -326,12 +346,14 @@ if __name__ == "__main__":
     parser.add_argument("--uneven", action="store_true", help="scripted responses whose lengths vary by prompt")
     parser.add_argument("--sgd", action="store_true", help="plain SGD instead of AdamW (final weights comparable)")
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters on the frozen base")
+    parser.add_argument("--dynamic-sampling", type=int, metavar="ROUNDS", help="data.dynamic_sampling.max_rounds")
     parser.add_argument("--mismatch", choices=list(CORRECTIONS),
                         help="GRPOLoss.mismatch_correction; the scripted engine then reports sampler log-probs")
     a = parser.parse_args()
     main(a.model_dir, a.out_dir, devices=a.devices, prompts_per_step=a.prompts_per_step, scripted=a.scripted,
          engine_kind=a.engine, checkpoints=a.checkpoints, resume=a.resume, precision=a.precision,
-         max_tokens=a.max_tokens, packed=a.packed, uneven=a.uneven, sgd=a.sgd, mismatch=a.mismatch, lora=a.lora)
+         max_tokens=a.max_tokens, packed=a.packed, uneven=a.uneven, sgd=a.sgd, mismatch=a.mismatch, lora=a.lora,
+         dynamic_sampling=a.dynamic_sampling)
     import os
     import sys
 
