@@ -155,3 +155,36 @@ def test_no_answer_has_no_span_and_no_trailing_text():
     assert read_answer("no number here") is None
     assert read_answer("The answer is 12.", number_fallback=False) is None
     assert has_trailing_text("no number here", None) is False
+
+
+@pytest.mark.parametrize(
+    ("text", "before", "trailing"),
+    [
+        # The restatement leak: text after the first statement of the graded answer is neither embedded nor clean.
+        ("15 + 21 = 36 So, 15 + 21 = 36.", "15 + 21 = ", True),
+        ("25 + 25 is 50. So, the final answer is 50.", "25 + 25 is ", True),
+        ("0 + 36 = 36", "0 + 36 = ", False),  # the first 36 is an operand, not a statement
+        ("36 + 0 = 36, answer: 36", "36 + 0 = ", True),
+        (r"15 + 21 = \boxed{36}. The answer is \boxed{36}.", "15 + 21 = ", True),
+        ("The answer is 1,000. Indeed 1000.", "The answer is ", True),  # the same number, written two ways
+        ("2 + 3 = 5 + 0 = 5", "2 + 3 = 5 + 0 = ", False),  # "= 5 + 0" continues: not a result
+        # The marker of the reasoning task: read like a box; right after the final equation it is no more text.
+        ("23 + 45 = 68. 68 + 12 = 80. <answer>80</answer>", "23 + 45 = 68. 68 + 12 = ", False),
+        ("23 + 45 = 68. 68 + 12 = 80. <answer>80</answer> Great", "23 + 45 = 68. 68 + 12 = ", True),
+        ("So <answer>80</answer>", "So ", False),
+    ],
+)
+@pytest.mark.parametrize("fallback_rule", ["last_number", "first_result"])
+def test_the_first_statement_of_the_answer_whatever_the_reading_rule(text, before, trailing, fallback_rule):
+    from evolrl.rewards.answers import first_statement
+
+    graded = read_answer(text, number_fallback=True, fallback_rule=fallback_rule)
+    stated = first_statement(text, graded)
+    assert text[: stated.start] == before and stated.answer == graded.answer
+    assert has_trailing_text(text, stated, graded) is trailing
+
+
+def test_an_answer_marker_is_read_as_a_box():
+    assert extract_answer("68 + 12 = 80 <answer> 80 </answer>", number_fallback=False) == "80"
+    assert extract_answer("<answer>1</answer> then <answer>2</answer>") == "2"  # the last, as for boxes
+    assert extract_answer("<answer>80", number_fallback=False) is None  # unclosed (truncated): none

@@ -43,7 +43,7 @@ def reward(minilm, novelty_text, **answer_settings):
 def embedded(rule, group):
     """The texts ``rule`` embeds for ``group``, with the answers read as the reward reads them."""
     sheet = rule.read(batch(group))
-    return [rule.bands.text_for_novelty(text, span) for text, span in zip(group, sheet.spans[0])]
+    return [rule.bands.text_for_novelty(text, span) for text, span in zip(group, sheet.stated[0])]
 
 
 def test_until_answer_embeds_one_line_answers_without_the_answer_or_what_follows(minilm):
@@ -57,6 +57,29 @@ def test_until_answer_embeds_one_line_answers_without_the_answer_or_what_follows
     # Under the paper's whole-response novelty the same group ranks the clean answer last.
     whole = reward(minilm, "response", number_fallback=True)(batch(group)).rewards[0]
     assert whole[:5].max() < whole[5:].min()
+
+
+RESTATED = ("15 + 21 = 36 So, 15 + 21 = 36.", "15 + 21 = 36. So, the final answer is 36.",
+            "15 + 21 = 36 Great, I love math!", "15 + 21 = \\boxed{36}. The answer is \\boxed{36}.",
+            "15 + 21 = 36. So, 36.")
+
+
+@pytest.mark.parametrize("fallback_rule", ["last_number", "first_result"])
+@pytest.mark.parametrize("extra", RESTATED)
+def test_a_restatement_earns_no_more_than_the_clean_answer_when_the_group_agrees(minilm, fallback_rule, extra):
+    """Seven clean answers and one with a restatement (ending on a number, in words, boxed) or trailing words: the
+    text after the first statement of the answer is neither embedded nor paid, whatever the reading rule, and the
+    trailing flag counts it. Before, a restatement read at its last number earned +2.47 and each clean answer -0.35."""
+    from evolrl.algorithms import group_advantages
+
+    clean = "15 + 21 = 36"
+    rule = reward(minilm, "until_answer", number_fallback=True, fallback_rule=fallback_rule)
+    group = [clean] * 7 + [extra]
+    assert embedded(rule, group)[7] == "15 + 21 = "
+    out = rule(batch(group))
+    advantages = group_advantages(out.rewards)[0]
+    assert advantages[7] <= advantages[0] + 1e-6  # float32 reward arithmetic only
+    assert out.components["trailing"][0].tolist() == [False] * 7 + [True]
 
 
 def test_trailing_text_does_not_change_a_clean_answers_novelty(minilm):
@@ -78,14 +101,15 @@ def test_trailing_text_does_not_change_a_clean_answers_novelty(minilm):
 def test_long_responses_embed_the_reasoning_before_the_last_box(minilm):
     rule = reward(minilm, "until_answer")  # the paper's reading: boxed answers only
     texts = embedded(rule, LONG)
-    assert texts[:3] == [REASONING] * 3
+    # The reasoning first states the boxed answer at "10 + 10 = 20": the box restates it, and is not embedded.
+    assert texts[:3] == [REASONING[: REASONING.index("20.")]] * 3
     assert texts[3] == "Counting up from 11 by nine steps: 12, 13, 14, 15, 16, 17, 18, 19, 20. The sum is "
     out = rule(batch(LONG))
     novelty = out.components["novelty"][0]
     assert novelty[0].item() == pytest.approx(novelty[1].item(), abs=1e-6)  # same reasoning, same novelty
     assert novelty[1].item() == pytest.approx(novelty[2].item(), abs=1e-6)
     assert novelty[3] > novelty[0] + 0.1  # a different derivation is the novel one
-    assert out.components["trailing"][0].tolist() == [False, True, True, False]
+    assert out.components["trailing"][0].tolist() == [True, True, True, False]  # text after that first statement
     assert out.rewards[0, :3].tolist() == pytest.approx([out.rewards[0, 0].item()] * 3, abs=1e-5)
     whole = reward(minilm, "response")(batch(LONG)).rewards[0]
     assert whole[:3].max() - whole[:3].min() > 0.05  # the whole response: the trailing text moves the reward
@@ -118,7 +142,7 @@ def test_until_answer_reads_the_answer_where_the_fallback_rule_reads_it(minilm):
 
 def test_until_answer_needs_the_answer_spans():
     bands = NoveltyBands(novelty_text="until_answer")
-    with pytest.raises(ValueError, match="AnswerSheet.spans"):
+    with pytest.raises(ValueError, match="AnswerSheet.stated"):
         bands(batch(["\\boxed{1}", "\\boxed{2}"]), torch.tensor([[True, False]]), torch.tensor([[True, True]]))
 
 

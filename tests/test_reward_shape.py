@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.study.reward_shape import constructed_groups, methods, shape, table
+from tools.study.reward_shape import FAMILIES, constructed_groups, methods, shape, table
 
 ROOT = Path(__file__).parent.parent
 
@@ -36,6 +36,18 @@ def test_the_report_shows_whole_response_novelty_paying_for_trailing_text(minilm
     assert mean(shapes["EVOL-RL whole"]["8/8"]["clean"]) < -0.3  # the clean answer is punished when all agree
     rows = table("title", shapes)
     assert "| 8/8 | 28 / 28 | +0.00 | +0.00 |" in rows and rows.count("\n| ") == 4 + 1  # header + 4 levels
+
+
+@pytest.mark.parametrize("family", ["restatements ending on a number", "boxed answers restated"])
+def test_until_the_answer_restatements_earn_no_more_than_the_clean_answer(minilm, family):
+    """Until the answer, text after the first statement of the answer (a restatement read at its last number, a
+    second box) is not embedded: at every agreement level the restated responses' mean advantage is the clean ones'
+    (float32 arithmetic: 1e-4), and the trailing flag counts them."""
+    clean, variants = FAMILIES[family]
+    shapes = shape(constructed_groups(clean, variants), methods(minilm))
+    for level, until in shapes["EVOL-RL until answer"].items():
+        assert len(until["trailing"]) > 0, level  # the flag saw every restatement
+        assert mean(until["trailing"]) <= mean(until["clean"]) + 1e-4, level
 
 
 def test_a_negative_sample_count_fails_at_start():

@@ -2,8 +2,8 @@
 
 :class:`AnswerReward` is the base of every reward that reads answers; its :meth:`~AnswerReward.read`
 returns an :class:`AnswerSheet` (``[P, V]`` tensors and the majority label of every prompt, voted
-over the valid answers only), and where each answer was read (the novelty text and the trailing-text
-flag come from those same spans).
+over the valid answers only), where each answer was read, and where each response first states it as a result
+(the novelty text and the trailing-text flag come from that first statement, so a restatement earns nothing).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from evolrl.rewards.answer_rules import EVERY_ANSWER, AnswerRules, check_rules
-from evolrl.rewards.answers import AnswerSpan, has_trailing_text
+from evolrl.rewards.answers import AnswerSpan, first_statement, has_trailing_text
 from evolrl.rewards.base import Reward
 from evolrl.rewards.voting import group_answers, majority_class
 from evolrl.types import Components, RewardOutput, RolloutBatch
@@ -32,7 +32,7 @@ class AnswerReward(Reward):
         "valid": "bool: its answer is valid (the reward's answers.valid_rule)",
         "majority": "bool: its answer is equivalent to the group's majority label",
         "answer_class": "int: its answer's equivalence class in the group, in order of appearance (-1: no answer)",
-        "trailing": "bool: a letter or digit follows its final answer (False without one)",
+        "trailing": "bool: a letter or digit follows the first statement of its answer (False without one)",
     })
 
     def __init__(self, answers: AnswerRules = EVERY_ANSWER) -> None:
@@ -44,7 +44,10 @@ class AnswerReward(Reward):
         spans = tuple(tuple(self.answers.read(t) for t in texts) for texts in batch.texts)
         answers = tuple(tuple(None if s is None else s.answer for s in row) for row in spans)
         valid = [[self.answers.valid(a) for a in row] for row in answers]
-        trailing = [[has_trailing_text(t, s) for t, s in zip(texts, row)] for texts, row in zip(batch.texts, spans)]
+        stated = tuple(tuple(None if s is None else first_statement(t, s) for t, s in zip(texts, row))
+                       for texts, row in zip(batch.texts, spans))
+        trailing = [[has_trailing_text(t, s, g) for t, s, g in zip(texts, row, read)]
+                    for texts, row, read in zip(batch.texts, stated, spans)]
         classes = [group_answers([a if ok else None for a, ok in zip(*row)]) for row in zip(answers, valid)]
         winners = [majority_class(row) for row in classes]
         return AnswerSheet(
@@ -54,6 +57,7 @@ class AnswerReward(Reward):
             majority=torch.tensor([[w is not None and c == w for c in row] for row, w in zip(classes, winners)]),
             labels=tuple(None if w is None else ans[row.index(w)] for ans, row, w in zip(answers, classes, winners)),
             spans=spans,
+            stated=stated,
             trailing=torch.tensor(trailing, dtype=torch.bool),
         )
 
@@ -78,8 +82,10 @@ class AnswerSheet:
     """Majority label per prompt (its first member as written), ``None`` without valid answers."""
     spans: tuple[tuple[AnswerSpan | None, ...], ...]
     """Where each answer was read, ``[P][V]`` (``None``: no answer)."""
+    stated: tuple[tuple[AnswerSpan | None, ...], ...]
+    """Where each response first states its answer as a result (``answers.first_statement``), ``[P][V]``."""
     trailing: Tensor
-    """Whether a letter or digit follows the answer (``False`` without one)."""
+    """Whether a letter or digit follows that first statement (``False`` without an answer)."""
 
     def components(self) -> dict[str, Tensor]:
         """The reward components every answer-reading reward reports (declared in ``AnswerReward.components``)."""

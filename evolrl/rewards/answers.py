@@ -1,7 +1,8 @@
 """Reading a final answer out of a response, where it was read, and the validity rule.
 
 Pure string functions. The answer of a response is the content of its *last* non-empty
-``\\boxed{...}`` (brace-matched), looked for in the text after the first ``</think>`` when there is one;
+``\\boxed{...}`` (brace-matched) or ``<answer>...</answer>`` marker, looked for in the text after the first ``</think>``
+when there is one;
 without one, a number is the fallback (switchable off): by default the last number, or with
 ``fallback_rule="first_result"`` the result of the first equation. :func:`read_answer` says where the
 answer was read (:class:`AnswerSpan`); everything that needs the answer's place (the text before it for
@@ -28,12 +29,14 @@ FallbackRule = Literal["last_number", "first_result"]
 FALLBACK_RULES: tuple[str, ...] = ("last_number", "first_result")
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
+_MARKER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _NUMBER_TEXT = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+"
 _NUMBER = re.compile(_NUMBER_TEXT)
 # "= N" where N is a whole number (no digit may follow, so the match cannot stop inside one) that no operator
 # continues: the result of an equation, not the start of another expression ("= 10 + 10 = 20" reads 20).
 _RESULT = re.compile(r"=[\s$*]*(" + _NUMBER_TEXT + r")(?!\d|[.,]\d)(?!\s*[-+*/^×÷])")
 _WORD = re.compile(r"[^\W_]")  # a letter or digit: what makes text after the answer "trailing text"
+_CLOSING = re.compile(r"\s*</\w+>")
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,9 @@ def final_part(text: str) -> str:
 
 
 def _box_spans(text: str) -> list[tuple[int, int, str]]:
-    """``(start, end, content)`` of every complete box command, in order of appearance."""
-    spans = []
+    """``(start, end, content)`` of every complete box command and ``<answer>...</answer>`` marker, in order of
+    appearance (a marker is read as a box is)."""
+    spans = [(m.start(), m.end(), m.group(1)) for m in _MARKER.finditer(text)]
     for command in _BOX_COMMANDS:
         for match in re.finditer(re.escape(command) + r"(?![A-Za-z])", text):
             i = match.end()
@@ -151,10 +155,50 @@ def extract_answer(text: str, number_fallback: bool = True, fallback_rule: Fallb
     return span.answer if span is not None else None
 
 
-def has_trailing_text(text: str, span: AnswerSpan | None) -> bool:
-    """Whether a letter or digit follows the answer read at ``span`` (whitespace, punctuation and closing math
-    delimiters such as ``.`` or ``$`` do not count); ``False`` for a response without an answer."""
-    return span is not None and _WORD.search(text, span.end) is not None
+# A statement of a result: a number after "=", "is", "equals" or an answer marker ("answer:", "the answer is",
+# "<answer>"), that no operator continues. "0 + 36 = 36" states 36 once, at its end: the first 36 is an operand.
+_STATED = re.compile(r"(?:=|\b(?:is|equals|answer)\b[\s:]*(?:is\b)?|<answer>)[\s$*:]*(" + _NUMBER_TEXT
+                     + r")(?!\d|[.,]\d)(?!\s*[-+*/^×÷])", re.IGNORECASE)
+
+
+def first_statement(text: str, span: AnswerSpan) -> AnswerSpan:
+    """Where ``text`` first states the answer read at ``span`` as a result: a box holding it, or the number after
+    ``=``, "is", "equals" or an answer marker; ``span`` itself when nothing before it does. Whatever the reading rules
+    chose (a last box, the last number, the first result), text after this point restates or adds to the answer."""
+    offset = answer_offset(text)
+    part = text[offset:]
+    stated = [(s, e, c) for s, e, c in _answer_boxes(part)] + [(m.start(1), m.end(1), m.group(1))
+                                                              for m in _STATED.finditer(part)]
+    for start, end, said in sorted(stated):
+        if offset + start > span.start:
+            break
+        if _same(said, span.answer):
+            return AnswerSpan(span.answer, offset + start, offset + end)
+    return span
+
+
+def _same(said: str, answer: str) -> bool:
+    """Whether a statement's content is the answer: equal as written (stripped), or as numbers (``1,000`` = 1000)."""
+    said, answer = said.strip(), answer.strip()
+    if said == answer:
+        return True
+    try:
+        return float(said.replace(",", "")) == float(answer.replace(",", ""))
+    except ValueError:
+        return False
+
+
+def has_trailing_text(text: str, span: AnswerSpan | None, graded: AnswerSpan | None = None) -> bool:
+    """Whether a letter or digit follows the answer stated at ``span`` (whitespace, punctuation, closing math
+    delimiters such as ``.`` or ``$`` and a closing tag such as ``</answer>`` do not count), apart from the box or
+    marker ``graded`` that holds the answer read ("= 80. <answer>80</answer>" has none); ``False`` without one."""
+    if span is None:
+        return False
+    rest = text[span.end :]
+    if graded is not None and graded.start >= span.end:
+        rest = text[span.end : graded.start] + text[graded.end :]
+    closing = _CLOSING.match(rest)  # the answer marker's own closing tag is not more text
+    return _WORD.search(rest, closing.end() if closing else 0) is not None
 
 
 def is_valid_answer(answer: str | None, rule: ValidRule = "digit") -> bool:

@@ -40,5 +40,5 @@ class EvolReward(AnswerReward):
 
     def __call__(self, batch: RolloutBatch) -> RewardOutput:
         sheet = self.read(batch)
-        rewards, novelty = self.bands(batch, sheet.majority, sheet.valid, spans=sheet.spans)
+        rewards, novelty = self.bands(batch, sheet.majority, sheet.valid, spans=sheet.stated)
         return self.output(sheet, rewards, novelty=novelty)

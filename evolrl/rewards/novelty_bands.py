@@ -13,9 +13,10 @@ same answer differ in how they got there. When the answer is one line ("9 + 11 =
 to be novel is text written *after* the answer, and the min-max normalization inside a group stretches that
 difference, however meaningless, over the whole band: the reward pays for trailing text and ranks the clean answer
 last whenever the group agrees. ``until_answer``, a narrower reading of "the reasoning part", embeds the response
-only up to where its final answer was read (the reward's own :class:`~evolrl.rewards.answers.AnswerSpan`: before
-the last non-empty box, or before the number the fallback read), without the answer and without anything after it,
-so trailing text cannot change a response's novelty.
+only up to where it first states the answer it is graded on as a result (``answers.first_statement``: a box holding
+it, or the number after ``=``, "is" or an answer marker; not the number as an operand, "0 + 36 = 36"), whatever the
+answer-reading rules, without the answer and without anything after it: neither trailing text nor a restatement
+("15 + 21 = 36 So, 15 + 21 = 36.") can change a response's novelty.
 A response with no answer (valid only under ``answers.valid_rule: any``) is embedded whole. A response that is only its
 answer ("\\boxed{20}") is embedded as the empty string: all such responses share one embedding, so they are
 equally novel among themselves (a group of them alone gets the middle of its band).
@@ -53,7 +54,7 @@ class NoveltyBands:
         alpha: Weight of the intra-group mean similarity against the max similarity, in [0, 1].
         novelty_text: ``response``: the text after ``</think>`` (or all of it);
             ``reasoning``: the same without its final boxed answer; ``until_answer``: the same up to where
-            its final answer was read, without the answer and anything after it (module docstring).
+            it first states its answer, without the answer and anything after it (module docstring).
     """
 
     def __init__(self, embedder: Embedder | None = None, alpha: float = 0.5, novelty_text: NoveltyText = "response"):
@@ -66,7 +67,7 @@ class NoveltyBands:
         self.novelty_text = novelty_text
 
     def text_for_novelty(self, response: str, span: AnswerSpan | None = None) -> str:
-        """The text embedded for ``response``; ``span``: where its answer was read (``until_answer`` only)."""
+        """The text embedded for ``response``; ``span``: where it first states its answer (``until_answer`` only)."""
         if self.novelty_text == "until_answer":
             return response[answer_offset(response) : span.start] if span is not None else final_part(response)
         part = final_part(response)
@@ -77,7 +78,7 @@ class NoveltyBands:
         """``[P, V, D]`` embeddings; zeros at invalid responses, which are never embedded."""
         if self.novelty_text == "until_answer" and spans is None:
             raise ValueError("NoveltyBands(novelty_text='until_answer') embeds up to each response's answer: pass "
-                             "the spans the reward read the answers at (AnswerSheet.spans)")
+                             "where each response first states its answer (AnswerSheet.stated)")
         positions = valid.nonzero().tolist()
         if not positions:
             return torch.zeros(*valid.shape, 1)
@@ -91,6 +92,6 @@ class NoveltyBands:
     def __call__(self, batch: RolloutBatch, selected: Tensor, valid: Tensor,
                  spans: Sequence[Sequence[AnswerSpan | None]] | None = None) -> tuple[Tensor, Tensor]:
         """``(rewards, novelty)``, each ``[P, V]``; ``selected`` marks the upper band (majority or correct);
-        ``spans``: where each answer was read, ``[P][V]`` (needed by ``until_answer``)."""
+        ``spans``: where each response first states its answer, ``[P][V]`` (needed by ``until_answer``)."""
         novelty = novelty_values(self.embed(batch, valid, spans), selected, is_valid=valid, alpha=self.alpha)
         return band_rewards(novelty, selected, valid), novelty

@@ -65,5 +65,5 @@ class VerifierReward(AnswerReward):
         labels = tuple(p.answer for p in batch.prompts)
         if self.bands is None:
             return self.output(sheet, correct.float(), labels, correct=correct)
-        rewards, novelty = self.bands(batch, correct, sheet.valid, spans=sheet.spans)
+        rewards, novelty = self.bands(batch, correct, sheet.valid, spans=sheet.stated)
         return self.output(sheet, rewards, labels, correct=correct, novelty=novelty)

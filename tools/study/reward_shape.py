@@ -9,7 +9,9 @@ each whole group. A response is *trailing* when a letter or digit follows its an
 what the methods disagree about.
 
 Groups: ``constructed`` ones of 8 answers to "What is 9 + 11?": for k of 8 agreeing on 20 (the others wrong and
-clean), every mix of clean "9 + 11 = 20" and trailing variants (texts the first study's runs wrote); ``--groups
+clean), every mix of clean "9 + 11 = 20" and trailing variants, in three families: trailing words (texts the first
+study's runs wrote), restatements that end on a number ("9 + 11 = 20 So, 9 + 11 = 20."; the second study's runs) and
+boxed answers restated ("9 + 11 = \\boxed{20}. The answer is \\boxed{20}."); ``--groups
 FILE`` reads recorded groups (JSON: a list of ``{"question", "answer", "texts"}``); ``--sample N`` samples N groups
 from the untrained policy of configs/demo.yaml at its training sampling (Hugging Face ``generate``, a few minutes a
 group on two cores), and ``--save FILE`` keeps them for ``--groups``.
@@ -32,6 +34,12 @@ CLEAN = "9 + 11 = 20"
 TRAILING = (" SermatLM is brilliant", ". Great, I love math!",
             "  Your answer has been added to the specified constraints.",
             ". You are correct. The final answer is correct.")
+RESTATED = (" So, 9 + 11 = 20.", ". So, the final answer is 20.", ". The answer is 20", " 9 + 11 = 20")
+BOXED = "9 + 11 = \\boxed{20}"
+BOXED_RESTATED = (". The answer is \\boxed{20}.", " So, 9 + 11 = 20.", ". So, the final answer is 20.")
+FAMILIES = {"trailing words": (CLEAN, TRAILING), "restatements ending on a number": (CLEAN, RESTATED),
+            "boxed answers restated": (BOXED, BOXED_RESTATED)}
+"""Family -> (the clean answer, what its trailing variants append)."""
 WRONG = ("9 + 11 = 21", "9 + 11 = 19", "9 + 11 = 22", "9 + 11 = 18")
 SIZE = 8
 
@@ -46,12 +54,12 @@ def methods(embedder, fallback_rule: str = "last_number") -> dict:
     }
 
 
-def constructed_groups() -> list[tuple[str, tuple[str, ...]]]:
-    """``(question, texts)``: k of 8 agree (8 down to 5), with 1 to k-1 of them trailing."""
+def constructed_groups(clean: str = CLEAN, variants: tuple[str, ...] = TRAILING) -> list[tuple[str, tuple[str, ...]]]:
+    """``(question, texts)``: k of 8 agree (8 down to 5), with 1 to k-1 of them ``clean`` plus one of ``variants``."""
     groups = []
     for agree in range(SIZE, SIZE // 2, -1):
         for trailing in range(1, agree):
-            texts = [CLEAN] * (agree - trailing) + [CLEAN + TRAILING[i % len(TRAILING)] for i in range(trailing)]
+            texts = [clean] * (agree - trailing) + [clean + variants[i % len(variants)] for i in range(trailing)]
             groups.append((QUESTION, tuple(texts + list(WRONG[: SIZE - agree]))))
     return groups
 
@@ -110,8 +118,9 @@ def table(title: str, shapes: dict) -> str:
 def report(groups_file: str | None = None, sample: int = 0, save: str | None = None,
            fallback_rule: str = "last_number") -> str:
     rewards = methods(SentenceTransformerEmbedder(device="cpu"), fallback_rule)
-    parts = [table("Constructed groups: 8 answers to 'What is 9 + 11?', the majority's mean advantage",
-                   shape(constructed_groups(), rewards))]
+    parts = [table(f"Constructed groups, {family}: 8 answers to 'What is 9 + 11?', the majority's mean advantage",
+                   shape(constructed_groups(clean, variants), rewards))
+             for family, (clean, variants) in FAMILIES.items()]
     recorded = []
     if groups_file:
         recorded = [(g["question"], tuple(g["texts"])) for g in json.loads(Path(groups_file).read_text())]
