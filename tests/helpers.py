@@ -324,3 +324,40 @@ def one_process_group(backend: str):
         yield
     finally:
         dist.destroy_process_group()
+
+
+def written_at(ids, stop, tokenizer) -> int:
+    """The fewest of ``ids`` whose text contains ``stop``."""
+    return next(k for k in range(1, len(ids) + 1) if stop in tokenizer.decode(ids[:k], skip_special_tokens=True))
+
+
+def ends_at_its_stop_string(group, stop_strings, tokenizer, stops) -> int:
+    """Every response of ``group`` that writes one of ``stop_strings`` ends with the token that completes it (kept,
+    not truncated); the others end at a stop token or the limit. How many wrote one."""
+    written = 0
+    for ids, text, truncated in zip(group.response_ids, group.texts, group.truncated):
+        hits = [t for t in stop_strings if t in text]
+        if hits:
+            written += 1
+            assert min(written_at(list(ids), t, tokenizer) for t in hits) == len(ids) and not truncated, text
+        else:
+            assert truncated or ids[-1] in stops, text
+    return written
+
+
+def stops_where_written(engine, prompts, ids, tokenizer) -> None:
+    """``engine`` sampled (seeded, replayable: the Hugging Face engine) with a stop string that its free responses
+    write: each response that writes it is the free one cut where the string is first whole; one that never writes it
+    is unchanged."""
+    (free,) = engine.generate(prompts[:1], ids[:1], Sampling(max_new_tokens=24), n=4, seed=5)
+    longest = max(range(4), key=lambda v: len(free.texts[v]))  # two characters from the middle of the longest
+    stop = free.texts[longest][len(free.texts[longest]) // 2 :][:2]
+    assert stop.strip(), free.texts
+    (stopped,) = engine.generate(prompts[:1], ids[:1], Sampling(max_new_tokens=24, stop=(stop,)), n=4, seed=5)
+    for v in range(4):
+        before = list(free.response_ids[v])
+        if stop in free.texts[v]:
+            assert list(stopped.response_ids[v]) == before[: written_at(before, stop, tokenizer)]
+        else:
+            assert stopped.response_ids[v] == free.response_ids[v]
+    assert ends_at_its_stop_string(stopped, (stop,), tokenizer, engine.stops()) >= 1

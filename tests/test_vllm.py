@@ -17,7 +17,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from helpers import scalars, tiny_config
+from helpers import ends_at_its_stop_string, scalars, tiny_config
 
 from evolrl.algorithms import MismatchCorrection, SequenceMask, TokenTruncate
 from evolrl.data.chat import render_prompt
@@ -92,6 +92,16 @@ def test_sampling_is_seeded_and_groups_are_complete(setup):
     for g in a:
         for response, truncated in zip(g.response_ids, g.truncated):
             assert truncated == (len(response) == 6 and response[-1] not in engine.stops())
+
+
+def test_a_stop_string_ends_a_response_where_it_is_written(setup):
+    """vLLM's CPU build draws from the engine's own stream, so a second call does not replay the first (the Hugging
+    Face engine's test compares the two, tests/test_stop_strings.py): here every response that writes a stop string
+    (common letters, so that some do) ends with the token that completes it."""
+    engine, _, prompts, ids = setup
+    strings = ("e", "a", "t", "o")
+    groups = engine.generate(prompts, ids, sampling=Sampling(max_new_tokens=24, stop=strings), n=8, seed=11)
+    assert sum(ends_at_its_stop_string(g, strings, engine.tokenizer, engine.stops()) for g in groups) >= 1
 
 
 def test_a_real_vllm_error_reaches_the_user(setup):

@@ -85,7 +85,7 @@ class RolloutDataModule(L.LightningDataModule):
         eval_sets: Labelled sets for ``validate``/``test`` and validation during ``fit``.
         eval_samples: Responses per evaluation problem (paper: 32).
         eval_sampling: How evaluation responses are sampled; ``null``: the paper's temperature 0.6 and
-            top_p 0.95, with the training ``max_new_tokens``.
+            top_p 0.95, with the training ``max_new_tokens`` and ``stop``.
         eval_prompts_per_batch: Problems per evaluation batch.
         dynamic_sampling: Drop groups whose trained rewards all agree and sample further prompts in their place
             (DAPO; ``max_rounds``); ``null``: off.
@@ -122,7 +122,8 @@ class RolloutDataModule(L.LightningDataModule):
             check_int("RolloutDataModule.seed", seed, 0)
         self.seeds = Seeds(0 if seed is None else seed)
         if eval_sampling is None:
-            eval_sampling = Sampling(temperature=0.6, top_p=0.95, max_new_tokens=sampling.max_new_tokens)
+            eval_sampling = Sampling(temperature=0.6, top_p=0.95, max_new_tokens=sampling.max_new_tokens,
+                                     stop=sampling.stop)
         self.rollouts = Rollouts(engine if engine is not None else VLLMEngine(), sampling, eval_sampling=eval_sampling,
                                  prompts_per_step=prompts_per_step, vote_samples=vote_samples,
                                  trained_samples=trained_samples, eval_samples=eval_samples,

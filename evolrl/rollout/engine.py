@@ -30,6 +30,8 @@ class Sampling:
     """Keep the k likeliest tokens; -1 turns top-k off."""
     max_new_tokens: int = 12288
     """Longest response, in tokens."""
+    stop: tuple[str, ...] = ()
+    """Strings that end a response, kept in it (e.g. ``["</answer>"]``), besides the end-of-turn tokens."""
 
     def __post_init__(self) -> None:
         check_float("Sampling.temperature", self.temperature, 0.0, low_open=True)
@@ -37,6 +39,9 @@ class Sampling:
         require(self.top_k == -1 or (isinstance(self.top_k, int) and self.top_k >= 1), "Sampling.top_k", self.top_k,
                 allowed="-1 (off) or an integer >= 1")
         check_int("Sampling.max_new_tokens", self.max_new_tokens, 1)
+        require(isinstance(self.stop, (tuple, list)) and all(isinstance(t, str) and t for t in self.stop),
+                "Sampling.stop", self.stop, allowed="a list of non-empty strings")
+        object.__setattr__(self, "stop", tuple(self.stop))
 
 
 @dataclass(frozen=True)
@@ -75,22 +80,37 @@ def build_group(
     max_new_tokens: int,
     tokenizer: PreTrainedTokenizerBase,
     logprobs: Sequence[Sequence[float]] | None = None,
+    stop_strings: Sequence[str] = (),
 ) -> ResponseGroup:
-    """A :class:`ResponseGroup` from sampled ids: cut after the first stop token, decode, flag truncation."""
-    cut = []
+    """A :class:`ResponseGroup` from sampled ids: cut after the first stop token, or after the token that completes
+    the first of ``stop_strings`` (kept), decode, flag truncation. Both engines sample up to their stop and this cut
+    makes their responses end alike (vLLM's token ids run to the token completing the string; ``generate`` pads)."""
+    cut, stopped = [], []
     for ids in responses:
         ids = list(ids)
         end = next((i for i, t in enumerate(ids) if t in stops), None)
-        cut.append(tuple(ids if end is None else ids[: end + 1]))
+        ids = ids if end is None else ids[: end + 1]
+        at = _stop_string_end(ids, stop_strings, tokenizer)
+        cut.append(tuple(ids[:at] if at else ids))
+        stopped.append(at is not None)
     kept_logprobs = tuple(tuple(lp[: len(ids)]) for lp, ids in zip(logprobs, cut)) if logprobs else ()
     return ResponseGroup(
         prompt=prompt,
         texts=tuple(tokenizer.batch_decode(cut, skip_special_tokens=True)),
-        truncated=tuple(not ids or (ids[-1] not in stops and len(ids) >= max_new_tokens) for ids in cut),
+        truncated=tuple(not ids or (ids[-1] not in stops and not hit and len(ids) >= max_new_tokens)
+                        for ids, hit in zip(cut, stopped)),
         prompt_ids=tuple(prompt_ids),
         response_ids=tuple(cut),
         sampler_logprobs=kept_logprobs,
     )
+
+
+def _stop_string_end(ids: list[int], stop_strings: Sequence[str], tokenizer: PreTrainedTokenizerBase) -> int | None:
+    """How many of ``ids`` it takes to write the first of ``stop_strings`` whole; ``None`` when none is written."""
+    if not stop_strings or not any(t in tokenizer.decode(ids, skip_special_tokens=True) for t in stop_strings):
+        return None
+    return next(k for k in range(1, len(ids) + 1)
+                if any(t in tokenizer.decode(ids[:k], skip_special_tokens=True) for t in stop_strings))
 
 
 class RolloutEngine(ABC):

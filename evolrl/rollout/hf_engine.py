@@ -61,6 +61,8 @@ class HFEngine(RolloutEngine):
                         max_new_tokens=sampling.max_new_tokens,
                         num_return_sequences=n,
                         eos_token_id=stops,
+                        stop_strings=list(sampling.stop) or None,
+                        tokenizer=tokenizer if sampling.stop else None,  # generate needs it for stop strings
                         pad_token_id=pad,
                         synced_gpus=world_size() > 1,  # sharded (FSDP) ranks must forward in lockstep
                     )[:, width:].tolist()  # [len(chunk) * n, new tokens], prompt-major
@@ -68,7 +70,8 @@ class HFEngine(RolloutEngine):
                         responses = out[i * n : (i + 1) * n]
                         groups.append(
                             build_group(prompts[start + i], ids, responses=responses, stops=stops,
-                                        max_new_tokens=sampling.max_new_tokens, tokenizer=tokenizer)
+                                        max_new_tokens=sampling.max_new_tokens, tokenizer=tokenizer,
+                                        stop_strings=sampling.stop)
                         )
         finally:
             model.train(was_training)

@@ -218,8 +218,10 @@ class VLLMEngine(RolloutEngine):
             top_k=sampling.top_k,
             max_tokens=sampling.max_new_tokens,
             stop_token_ids=stops,
+            stop=list(sampling.stop) or None,
+            include_stop_str_in_output=True,
             seed=request_seed,  # one per prompt: Seeds.requests
-            detokenize=False,
+            detokenize=bool(sampling.stop),  # vLLM matches stop strings on its own detokenized text
             logprobs=0,  # the sampled token's log-prob, for diagnostics and the weight-sync test
         ) for request_seed in seeds]
         requests = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids]
@@ -232,7 +234,7 @@ class VLLMEngine(RolloutEngine):
         return [
             build_group(
                 prompt, ids, responses=[o.token_ids for o in out.outputs], stops=stops,
-                max_new_tokens=sampling.max_new_tokens, tokenizer=self.tokenizer,
+                max_new_tokens=sampling.max_new_tokens, tokenizer=self.tokenizer, stop_strings=sampling.stop,
                 logprobs=[[step[token].logprob for step, token in zip(o.logprobs, o.token_ids)] for o in out.outputs],
             )
             for prompt, ids, out in zip(prompts, prompt_ids, outputs)
