@@ -116,6 +116,14 @@ def test_plot_dynamics_overlays_two_runs(tmp_path, tiny_model, minilm, monkeypat
     # The two runs as seeds of one method, with a pass@4 panel: four panels, one line and its band each.
     wide = matplotlib.image.imread(plot(runs, ["both", "both"], tmp_path / "seeds.png", pass_k=4))
     assert wide.shape[1] > image.shape[1] * 1.2
+    # --table: the same curves as numbers, every value of a short curve, "-" where a run logged none
+    from tools.commands.plot_dynamics import table
+
+    rows = table(runs, ["EVOL-RL", "TTRL"], ["val/addition/pass@1", "train/novelty_mean"]).splitlines()
+    assert rows[0] == "| run | val/addition/pass@1 | train/novelty_mean |" and len(rows) == 4
+    evol, ttrl = (row.split(" | ") for row in rows[2:])
+    assert len(evol[1].split(", ")) == 4 and len(evol[2].split(", ")) == 3  # 4 evaluations, 3 steps
+    assert ttrl[2] == "- |"  # a majority vote has no novelty
 
 
 def test_seed_bands_are_the_mean_and_range_at_the_steps_every_seed_logged():

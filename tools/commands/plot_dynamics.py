@@ -9,6 +9,10 @@ minimum to their maximum at each step (the legend says how many seeds).
         --labels EVOL-RL TTRL --out dynamics.png
     python -m tools.commands.plot_dynamics runs/study/evol/seed* runs/study/ttrl/seed* \\
         --labels EVOL-RL EVOL-RL EVOL-RL TTRL TTRL TTRL --pass-k 16 --out study.png
+
+``--table TAG ...`` prints, instead of a figure, a markdown table of those curves per run: every value of a curve of
+at most five points (held-out evaluations), else its mean and median over the steps (``time/step``, a step's
+``train/dynamic_sampling/kept_groups``).
 """
 
 from __future__ import annotations
@@ -99,6 +103,25 @@ def plot(run_dirs: list[Path], labels: list[str], out: Path, eval_set: str | Non
     return out
 
 
+def table(run_dirs: list[Path], labels: list[str], tags: list[str]) -> str:
+    """A markdown table, one row per run, one column per tag (see the module docstring)."""
+    def cell(points: list[tuple[int, float]] | None) -> str:
+        if not points:
+            return "-"
+        values = [v for _, v in points]
+        if len(values) <= 5:
+            return ", ".join(f"{v:.3g}" for v in values)
+        ordered = sorted(values)
+        median = (ordered[(len(values) - 1) // 2] + ordered[len(values) // 2]) / 2
+        return f"mean {sum(values) / len(values):.3g}, median {median:.3g} ({len(values)} steps)"
+
+    rows = [f"| run | {' | '.join(tags)} |", "|---" * (len(tags) + 1) + "|"]
+    for run, label in zip(run_dirs, labels):
+        scalars = read_scalars(run)
+        rows.append(f"| {label} | {' | '.join(cell(scalars.get(tag)) for tag in tags)} |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.commands.plot_dynamics",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -107,10 +130,14 @@ def main() -> None:
     parser.add_argument("--eval-set", help="evaluation set for the pass@1 panel (default: the first logged)")
     parser.add_argument("--pass-k", type=int, help="also a pass@K panel (val/<set>/pass@K)")
     parser.add_argument("--out", type=Path, default=Path("dynamics.png"))
+    parser.add_argument("--table", nargs="+", metavar="TAG", help="print these curves per run instead of a figure")
     args = parser.parse_args()
     labels = args.labels or [str(r) for r in args.runs]
     if len(labels) != len(args.runs):
         parser.error(f"{len(args.runs)} runs but {len(labels)} labels")
+    if args.table:
+        print(table(args.runs, labels, args.table))
+        return
     print(plot(args.runs, labels, out=args.out, eval_set=args.eval_set, pass_k=args.pass_k))
 
 
