@@ -271,3 +271,13 @@ def test_a_loss_chosen_on_the_command_line_starts_from_its_own_defaults(tmp_path
     chosen = main(["--config", str(config), "--model.loss.policy_loss", "evolrl.algorithms.GSPO",
                    "--model.loss.policy_loss.clip_high=0.001"], run=False)
     assert chosen.model.update.loss.policy_loss == GSPO(clip_high=0.001)
+
+
+def test_a_clip_range_out_of_bounds_stops_fit_at_start(tmp_path, tiny_model, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["evolrl"])
+    config = tiny_config(tmp_path, tiny_model)
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config), "--model.loss.policy_loss=evolrl.algorithms.GSPO",
+              "--model.loss.policy_loss.clip_low=1.5"])
+    assert "GSPO.clip_low=1.5" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("events.out.tfevents.*"))  # stopped before the first step
