@@ -58,12 +58,15 @@ def test_fsdp_on_two_processes_ends_with_identical_full_weights_in_the_engine(tw
     assert not set(ranks[0]["prompts"]) & set(ranks[1]["prompts"])  # groups never span ranks
 
 
-def weights_digest(model_dir: str, dtype: torch.dtype = torch.float32) -> str:
-    """Digest (fsdp_check's) of the model's weights as loaded whole, in ``dtype``."""
+def weights_digest(model_dir: str, dtype: torch.dtype = torch.float32, linear_only: bool = False) -> str:
+    """Digest (fsdp_check's) of the model's weights as loaded whole, in ``dtype`` (``linear_only``: only the linear
+    weights, as the KL reference stores them: ``build.parameters_in``), read back in float32."""
     from evolrl.models import load_policy
+    from evolrl.training.build import parameters_in
     from tools.bench.fsdp_check import digest
 
-    return digest(load_policy(model_dir).to(dtype).state_dict())
+    model = parameters_in(load_policy(model_dir), str(dtype).removeprefix("torch."), linear_only=linear_only)
+    return digest({k: v.float() for k, v in model.state_dict().items()})
 
 
 def test_every_rank_receives_its_shards_of_the_file_weights_from_rank_0(two_ranks, tiny_model):
@@ -92,8 +95,9 @@ def test_bf16_fsdp_computes_with_bf16_copies_of_float32_master_weights(bf16_runs
         assert report["compute_dtype"] == "torch.bfloat16"  # FSDP all-gathered bf16 copies for the forward
         assert report["policy_dtype"] == report["grad_dtype"] == "torch.float32"  # the shards the optimizer updates
         assert report["initial"] == weights_digest(tiny_model)  # not rounded to bf16
-        assert report["reference_dtype"] == "torch.bfloat16"
-        assert report["reference"] == weights_digest(tiny_model, torch.bfloat16)
+        assert report["reference_dtype"] == "torch.bfloat16"  # its linear weights; embeddings and norms as loaded
+        assert report["reference_embedding_dtype"] == "torch.float32"
+        assert report["reference"] == weights_digest(tiny_model, torch.bfloat16, linear_only=True)
     single, _ = bf16_runs[1]  # one process: autocast on the float32 policy; the reference in bf16 as well
     assert single[0]["compute_dtype"] == "torch.float32" and single[0]["reference_dtype"] == "torch.bfloat16"
 

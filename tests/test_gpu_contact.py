@@ -7,13 +7,15 @@ the evaluation metric must sit on the module's device. The CPU test runs the sam
 (which gathers CPU tensors, so it guards the single-process CPU path, not the NCCL failure); the GPU test is the
 NCCL case as a single-GPU run meets it.
 
-The reference of the KL term is a bf16 copy of the policy: its parameters only. Its rotary frequencies stay float32, or
-the reference's log-probs drift from the policy's with the position at identical weights (on both build paths).
+The reference of the KL term is a bf16 copy of the policy: its parameters only (under autocast its linear weights only:
+``tests/test_kl_reference.py``). Its rotary frequencies stay float32, or the reference's log-probs drift from the
+policy's with the position at identical weights (on both build paths).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import lightning as L
 import pytest
@@ -21,7 +23,7 @@ import torch
 from helpers import ForeignRL, eval_view, free_port, one_process_group, short_sequences, tied_qwen3
 
 from evolrl.callbacks import PassAtK
-from evolrl.training.build import Dtypes, build_models
+from evolrl.training.build import Dtypes, build_models, parameters_in
 
 GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -74,7 +76,9 @@ def test_the_reference_takes_bf16_parameters_and_keeps_float32_rotary_frequencie
     model_dir = tied_qwen3(tmp_path / "qwen3", tiny_model)
     with one_process_group("gloo") if sharded else contextlib.nullcontext():
         policy, reference = bf16_models(model_dir, sharded)
-        assert {p.dtype for p in reference.parameters()} == {torch.bfloat16}
+        linear = {n: p.dtype for n, p in reference.named_parameters() if n.endswith("proj.weight")}
+        assert set(linear.values()) == {torch.bfloat16}  # its matmul weights; embeddings, norms as loaded
+        assert reference.get_input_embeddings().weight.dtype == torch.float32
         assert {p.dtype for p in policy.parameters()} == {torch.float32}
         buffers = dict(reference.named_buffers())
         assert "model.rotary_emb.inv_freq" in buffers
@@ -93,7 +97,10 @@ def test_the_bf16_reference_agrees_with_the_policy_as_well_at_position_4000_as_a
     kernels round alike at both ends) with room for the noise between two stretches of random tokens (1.5x).
     """
     model_dir = tied_qwen3(tmp_path / "qwen3", tiny_model, max_positions=4096, sharp=True)
-    policy, reference = bf16_models(model_dir, sharded=False)
+    policy, _ = bf16_models(model_dir, sharded=False)
+    # A whole-bf16 copy (parameters_in without linear_only: a reference outside autocast), run without autocast: its
+    # weights are rounded everywhere, so the gap is not zero, and only the rotary frequencies could make it grow.
+    reference = parameters_in(copy.deepcopy(policy), "bfloat16")
     tokens = torch.randint(0, policy.config.vocab_size, (1, 4096), generator=torch.Generator().manual_seed(1))
 
     @torch.no_grad()

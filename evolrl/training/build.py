@@ -59,18 +59,22 @@ class Dtypes:
     policy: str
     """Master weights (``EvolRLModule.dtype``)."""
     reference: str
-    """The frozen reference of the KL term."""
+    """The frozen reference's linear weights (the rest stays as the policy's: :func:`parameters_in`)."""
     fsdp_param: str
     """What FSDP2 all-gathers the policy (and the reference) in for compute; the shards keep their dtype."""
     base: str
     """A LoRA run's frozen base (``LoRA.base_dtype``)."""
+    autocast: bool = False
+    """Whether passes run under autocast (``*-mixed`` precision): then the reference stores only its linear weights
+    in ``reference`` (:func:`parameters_in`); without autocast a model must be in one dtype."""
 
     @classmethod
     def resolve(cls, precision: str, policy: str, reference: str = "auto", fsdp_param: str = "auto",
                 base: str = "auto") -> Dtypes:
         """``auto`` is bfloat16 under a bf16 ``trainer.precision``, else the policy's dtype."""
         low = "bfloat16" if precision.startswith("bf16") else policy
-        return cls(policy, *(low if dtype == "auto" else dtype for dtype in (reference, fsdp_param, base)))
+        return cls(policy, *(low if dtype == "auto" else dtype for dtype in (reference, fsdp_param, base)),
+                   autocast=precision.endswith("-mixed"))
 
 
 def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, device: torch.device | None = None,
@@ -92,7 +96,8 @@ def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, dev
         if lora is not None:
             policy = prepare(policy, compiled=compiled)
             return policy, AdaptersOff(policy) if with_reference else None
-        reference = _frozen(parameters_in(copy.deepcopy(policy), dtypes.reference)) if with_reference else None
+        reference = _frozen(parameters_in(copy.deepcopy(policy), dtypes.reference, linear_only=dtypes.autocast)
+                            ) if with_reference else None
         return prepare(policy, compiled=compiled), prepare(reference, compiled=compiled)
     device = device or torch.device("cpu")
     full = with_adapters(load_policy(name, weights, trust_remote_code)) if dist.get_rank() == 0 else None
@@ -102,7 +107,8 @@ def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, dev
     compute = getattr(torch, dtypes.fsdp_param)
 
     def sharded(dtype: str, trainable: bool) -> nn.Module:
-        model = prepare(parameters_in(empty_policy(config, dtypes.policy, trust_remote_code), dtype), packed, flex)
+        model = prepare(parameters_in(empty_policy(config, dtypes.policy, trust_remote_code), dtype,
+                                      linear_only=dtypes.autocast and not trainable), packed, flex)
         model.generation_config = generation_config  # the engines read the stop tokens from it
         model = _trainable(with_adapters(model, meta=True), gradient_checkpointing) if trainable else _frozen(model)
         return fill_from_rank0(shard(model, mesh, compute), state, device)
@@ -114,8 +120,17 @@ def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, dev
     return policy, prepare(reference, compiled=compiled)
 
 
-def parameters_in(model: nn.Module, dtype: str) -> nn.Module:
-    """``model`` with its parameters (tied ones stay one tensor) in ``dtype`` and its buffers as built.
+def parameters_in(model: nn.Module, dtype: str, linear_only: bool = False) -> nn.Module:
+    """``model`` with its parameters (tied ones stay one tensor) in ``dtype`` and its buffers as built; with
+    ``linear_only`` (the frozen reference of a run under autocast) only the weights of linear layers not tied to the
+    input embeddings.
+
+    Why ``linear_only``: autocast casts a linear layer's float32 weight to its dtype for the matmul, so a reference
+    that stores those weights in bf16 multiplies exactly as the float32 policy does under bf16 autocast; embeddings,
+    norms and a tied head kept as loaded keep the residual stream in float32 as the policy's. At identical weights the
+    two then give the same log-probs (k3 KL 0 on CPU, ``tests/test_kl_reference.py``), where an all-bf16 reference
+    differed by its rounded embeddings and norms (up to 1.5e-4 per token on a tiny model, 3-4e-3 at 4B on a GPU).
+    The cost: the embeddings (and norms) stay float32, vocab x hidden x 2 B more than in bf16.
 
     Not ``model.to(dtype)``, which casts buffers too: the rotary frequencies ``inv_freq`` in bf16 are off by up to
     2^-9 relatively, an angle error that grows with the position (radians by a few thousand tokens), so a bf16

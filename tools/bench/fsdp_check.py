@@ -42,7 +42,8 @@ must agree on the rounds and on the groups they train; every rank reports each s
 
 ``--precision bf16-mixed`` trains as the paper configs do (FSDP all-gathers bf16 copies, the reference is
 bf16); every rank also reports the dtypes of the policy's shards and gradients, of the copies its first
-block computed with, and of the reference, and digests of the weights at the start (policy, reference).
+block computed with, and of the reference (a linear weight, the embeddings), and digests of the weights at the start
+(policy, reference).
 """
 
 from __future__ import annotations
@@ -176,7 +177,8 @@ class WeightDtypes(L.Callback):
         reference = module.reference.model
         self.report |= {"initial": digest(full_state_dict(module.policy, torch.float32)),
                         "reference": digest(full_state_dict(reference, torch.float32)),
-                        "reference_dtype": str(next(reference.parameters()).dtype)}
+                        "reference_dtype": str(reference.model.layers[0].self_attn.q_proj.weight.dtype),  # a linear
+                        "reference_embedding_dtype": str(reference.get_input_embeddings().weight.dtype)}
 
     def on_before_optimizer_step(self, trainer, module, optimizer):
         self.hook.remove()
