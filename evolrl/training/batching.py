@@ -35,6 +35,9 @@ class Batching:
     start for a model whose logits are not a plain Linear head's output (e.g. soft-capped)."""
     logprob_chunk_size: int = 1024
     """Tokens per chunk of the log-prob/entropy computation."""
+    train_logprob_chunk_size: int | None = None
+    """Tokens per chunk of the log-prob/entropy computation (the fused head) in training passes; null:
+    logprob_chunk_size. Larger: fewer, larger chunks (more fp32 buffers); passes without gradients keep that one."""
     no_grad_pass_multiple: int = 2
     """A pass without gradients (reference, old log-probs) takes this many times a training pass's sequences or
     tokens, drawn from the whole step: it keeps no activations, so fewer, larger passes, the same numbers."""
@@ -62,6 +65,8 @@ class Batching:
                 allowed="false unless packed is true (it attends over a packed row)")
         require(isinstance(self.fused_head, bool), "Batching.fused_head", self.fused_head, allowed="true or false")
         check_int("Batching.logprob_chunk_size", self.logprob_chunk_size, 1)
+        if self.train_logprob_chunk_size is not None:
+            check_int("Batching.train_logprob_chunk_size", self.train_logprob_chunk_size, 1)
         check_int("Batching.no_grad_pass_multiple", self.no_grad_pass_multiple, 1)
         require(isinstance(self.compile_blocks, bool), "Batching.compile_blocks", self.compile_blocks,
                 allowed="true or false")

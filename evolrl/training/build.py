@@ -144,9 +144,31 @@ def parameters_in(model: nn.Module, dtype: str, linear_only: bool = False) -> nn
     return model
 
 
-def _trainable(model: nn.Module, gradient_checkpointing: bool) -> nn.Module:
-    if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+def _trainable(model: nn.Module, gradient_checkpointing: bool | int) -> nn.Module:
+    """``model`` in training mode, checkpointing every ``gradient_checkpointing``-th decoder layer (layers 0, n, 2n,
+    ...; ``True``: every one, ``False`` or 0: none). Transformers' checkpointing is switched on, then off again on the
+    other layers through each ``GradientCheckpointingLayer``'s own ``gradient_checkpointing`` flag, which compiled
+    blocks read too (``compiled._checkpointing``); layers count in module order, as transformers' ``every_n_layers``.
+    A layer left out keeps its activations for the backward instead of recomputing them: less compute, more memory."""
+    every = int(gradient_checkpointing)
+    if every:
+        from evolrl.settings import require
+
+        try:
+            from transformers.modeling_layers import GradientCheckpointingLayer as Layer
+        except ImportError:  # transformers before 4.52: the model's layer loop checkpoints every layer or none
+            Layer = ()  # isinstance of no class: no layer
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name; the old one warns
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        layers = [module for module in model.modules() if isinstance(module, Layer)]
+        require(every == 1 or bool(layers), "EvolRLModule.gradient_checkpointing", gradient_checkpointing,
+                allowed=f"true or false for {type(model).__name__}, whose layers have no checkpointing flag of their "
+                "own (transformers' GradientCheckpointingLayer, 4.52 or later)")
+        for i, layer in enumerate(layers):
+            layer.gradient_checkpointing = i % every == 0
     return model.train()
 
 

@@ -61,7 +61,7 @@ class EvolRLModule(L.LightningModule):
             use (the shards keep ``dtype``; gradients are reduced in float32); ``auto`` as ``reference_dtype``.
         lora: Low-rank adapters (peft) on a frozen base: only they train, and the KL reference is the base;
             ``null``: full fine-tuning.
-        gradient_checkpointing: Trade compute for activation memory.
+        gradient_checkpointing: Trade compute for activation memory: true every decoder layer, n every n-th (0, n, ...).
         trust_remote_code: Allow the model repository's own code to run.
         cpu_keep_freed_memory: Training on a CPU, keep freed buffers in glibc's heap for reuse instead of unmapping
             and page-faulting them in again (``logprobs/allocator.py``; process-wide).
@@ -83,7 +83,7 @@ class EvolRLModule(L.LightningModule):
         reference_dtype: str = "auto",
         fsdp_param_dtype: str = "auto",
         lora: LoRA | None = None,
-        gradient_checkpointing: bool = False,
+        gradient_checkpointing: bool | int = False,
         trust_remote_code: bool = False,
         cpu_keep_freed_memory: bool = True,
     ) -> None:
@@ -110,6 +110,8 @@ class EvolRLModule(L.LightningModule):
         self.update = GRPOUpdate(loss, batching, optim.max_grad_norm)
         self.optim_cfg = optim
         self.dtype_name, self.reference_dtype, self.fsdp_param_dtype = dtype, reference_dtype, fsdp_param_dtype
+        require(isinstance(gradient_checkpointing, int) and gradient_checkpointing >= 0,  # a bool is an int
+                "EvolRLModule.gradient_checkpointing", gradient_checkpointing, allowed="true, false or an integer >= 0")
         self.gradient_checkpointing = gradient_checkpointing
         require(lora is None or isinstance(lora, LoRA), "EvolRLModule.lora", lora,
                 allowed="null (full fine-tuning) or an evolrl.lora.LoRA")

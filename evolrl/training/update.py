@@ -85,10 +85,11 @@ class GRPOUpdate:
         """Optimizer steps (mini-batches) in one training step of ``sequences_per_step`` sequences."""
         return len(mini_batch_ranges(sequences_per_step, self.batching.mini_batch_size))
 
-    def forward(self, model: nn.Module, seqs: Sequences, temperature: float,
-                vocab_mean: bool = False) -> tuple[Tensor, ...]:
+    def forward(self, model: nn.Module, seqs: Sequences, temperature: float, vocab_mean: bool = False,
+                chunk_size: int | None = None) -> tuple[Tensor, ...]:
+        """``token_stats`` of ``model`` over ``seqs`` as the settings say; ``chunk_size`` ``None``: the no-grad one."""
         b = self.batching
-        return token_stats(model, seqs, temperature, chunk_size=b.logprob_chunk_size, packed=b.packed,
+        return token_stats(model, seqs, temperature, chunk_size=chunk_size or b.logprob_chunk_size, packed=b.packed,
                            fused_head=b.fused_head, compiled=b.compile_blocks, vocab_mean=vocab_mean)
 
     @staticmethod
@@ -179,7 +180,7 @@ class GRPOUpdate:
         """One forward/backward pass: the loss terms (detached, aggregated with the mini-batch's ``normalizer``) and,
         when the engine reported log-probs, the pass's mismatch sums. ``old`` ``None``: the pass's own log-probs (the
         first mini-batch, before any step)."""
-        logp, entropy = self.forward(policy, part, temperature)
+        logp, entropy = self.forward(policy, part, temperature, chunk_size=self.batching.train_logprob_chunk_size)
         old = old if old is not None else logp.detach()
         weights, measured = self.loss.correct(old, part) if part.sampler_logprobs is not None else (None, None)
         loss, terms = self.loss(logp, entropy, old=old, ref=ref, advantages=part.advantages[:, None],

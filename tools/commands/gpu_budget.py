@@ -4,6 +4,7 @@
     python -m tools.commands.gpu_budget --config path/to/config.json --gpus 8 --gpu-gib 80
     python -m tools.commands.gpu_budget --gpus 1 --no-vllm --no-embedder --sgd   # the trainer alone (one H100)
     python -m tools.commands.gpu_budget --gpus 1 --lora-rank 32 --sleep --shape 8b   # configs/paper/lora.yaml
+    python -m tools.commands.gpu_budget --gpus 1 --no-vllm --checkpoint-every 3   # model.gradient_checkpointing: 3
 
 Every figure is an *estimate* from the model's shape and the run's settings (formulas below, next to
 each line). One line is fitted to GPU measurements instead: on one H100 80 GB the update's peak exceeded the
@@ -20,6 +21,11 @@ all-gathers), the frozen reference in bf16, Qwen3-Embedding-4B in bf16 embedding
 gradient, no optimizer state, no separate reference: the reference is the base with the adapters off), float32
 adapters of rank R on every linear layer of attention and the MLP with their gradients and AdamW moments, and the
 fused head without its weight gradient (the head is frozen).
+
+Below the table, the line ``gradient checkpointing that fits`` names the n of ``model.gradient_checkpointing: n``
+(every n-th decoder layer checkpointed) that leaves the update within ``--gpu-gib`` with the most layers keeping their
+activations (the least recomputation), from the same activation estimate (:func:`activations_gib`), judged as the
+table's peak is, without a margin (a lower ``--gpu-gib`` keeps one).
 """
 
 from __future__ import annotations
@@ -78,11 +84,58 @@ def from_config(path: str) -> Shape:
                  heads=heads)
 
 
+def checkpointed_layers(layers: int, every: int) -> int:
+    """How many of ``layers`` decoder layers ``model.gradient_checkpointing: every`` checkpoints (0, every, 2 x every,
+    ...): ``ceil(layers / every)``; none for 0."""
+    return -(-layers // every) if every else 0
+
+
+def every_nth(n: int) -> str:
+    """``every layer``, ``every 2nd layer``, ``every 3rd layer``, ``every 4th layer``, ..."""
+    if n == 1:
+        return "every layer"
+    suffix = "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"every {n}{suffix} layer"
+
+
+def activations_gib(m: Shape, tokens: int, every: int = 1) -> float:
+    """A training pass's activations over ``tokens`` tokens (bf16) with every ``every``-th layer checkpointed (0: none).
+    A checkpointed layer keeps its input, tokens x hidden x 2 B, and while the backward recomputes one block at a time
+    that block's full activations exist too; a layer not checkpointed keeps its full activations from the forward to
+    the backward. A block's full activations: tokens x (3 x intermediate + 6 x hidden) x 2 B."""
+    kept = checkpointed_layers(m.layers, every)
+    block = tokens * (3 * m.intermediate + 6 * m.hidden) * 2
+    return (tokens * m.hidden * 2 * kept + block * (m.layers - kept + (1 if kept else 0))) / GIB
+
+
+def activation_row(m: Shape, tokens: int, pass_text: str, every: int) -> tuple[str, str, float, float]:
+    """The budget's activation row for ``model.gradient_checkpointing: every`` (1: every layer, the paper configs)."""
+    kept, block = checkpointed_layers(m.layers, every), "(3 x intermediate + 6 x hidden)"
+    if every == 1:
+        name, formula = "activations (checkpointed)", f"{pass_text} tokens x hidden x layers x 2 B + one block recomputed"
+    elif every == 0:
+        name, formula = "activations (not checkpointed)", f"{pass_text} tokens x {block} x layers x 2 B"
+    else:
+        name = f"activations ({every_nth(every)} checkpointed: {kept} of {m.layers})"
+        formula = f"{pass_text} tokens x (hidden x {kept} + {block} x ({m.layers} - {kept} + 1)) x 2 B"
+    return name, formula, 0.0, activations_gib(m, tokens, every)
+
+
+def fitting_every(m: Shape, tokens: int, without_activations: float, gpu_gib: float) -> int | None:
+    """The ``model.gradient_checkpointing`` whose update fits ``gpu_gib`` with the fewest layers checkpointed (0: none
+    needed; the smallest n of that count, so the checkpointed layers are spread evenly); ``None``: not even every
+    layer's checkpointing fits."""
+    candidates = [0, *sorted(range(1, m.layers + 1), key=lambda n: (checkpointed_layers(m.layers, n), n))]
+    return next((n for n in candidates if without_activations + activations_gib(m, tokens, n) <= gpu_gib), None)
+
+
 def budget(m: Shape, gpus: int, gpu_gib: float, vllm_fraction: float, samples: int, prompt: int, new: int,
            micro: int | None, max_tokens: int, embed_batch: int,
            chunk: int = 1024, adamw: bool = True,
-           reduce_every_pass: bool = False, lora_rank: int = 0) -> list[tuple[str, str, float, float]]:
-    """``(component, formula, GiB while sampling, GiB during the update)`` rows, without sleep mode."""
+           reduce_every_pass: bool = False, lora_rank: int = 0,
+           checkpoint_every: int = 1) -> list[tuple[str, str, float, float]]:
+    """``(component, formula, GiB while sampling, GiB during the update)`` rows, without sleep mode;
+    ``checkpoint_every`` is ``model.gradient_checkpointing`` (every n-th layer; 0: none)."""
     tokens = prompt + new
     shard = m.params / gpus
     block = (m.params - m.vocab * m.hidden) / m.layers
@@ -107,8 +160,7 @@ def budget(m: Shape, gpus: int, gpu_gib: float, vllm_fraction: float, samples: i
         ("reference shard (bf16)", f"params / {gpus} x 2 B", shard * 2 / GIB, shard * 2 / GIB),
         ("all-gathered bf16 params", "embeddings + 2 blocks in flight, x 2 B", 0.0,
          (m.vocab * m.hidden + 2 * block) * 2 / GIB),
-        ("activations (checkpointed)", f"{pass_text} tokens x hidden x layers x 2 B + one block recomputed",
-         0.0, (mb_tokens * m.hidden * m.layers * 2 + mb_tokens * (3 * m.intermediate + 6 * m.hidden) * 2) / GIB),
+        activation_row(m, mb_tokens, pass_text, checkpoint_every),
     ]
     if lora_rank:  # the trainer's weights, gradients and optimizer state: a frozen bf16 base and fp32 adapters
         lora = m.lora_params(lora_rank)
@@ -158,6 +210,9 @@ def main() -> None:
     parser.add_argument("--sgd", action="store_true", help="an optimizer without state (no AdamW moments)")
     parser.add_argument("--reduce-every-pass", action="store_true",
                         help="model.batching.reduce_every_pass: gradients reduce-scattered after every pass")
+    parser.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
+                        help="model.gradient_checkpointing: every N-th layer checkpointed (1: every layer, the paper "
+                        "configs; 0: none)")
     parser.add_argument("--sleep", action="store_true", help="judge the fit with sleep level 2 (the paper configs)")
     parser.add_argument("--sleep-residual-gib", type=float, default=1.0,
                         help="what a sleeping engine keeps on the GPU (CUDA context, buffers; an assumption)")
@@ -166,7 +221,8 @@ def main() -> None:
     rows = budget(shape, args.gpus, gpu_gib=args.gpu_gib, vllm_fraction=args.vllm_fraction, samples=args.samples,
                   prompt=args.prompt, new=args.new, micro=args.micro, max_tokens=args.max_tokens,
                   embed_batch=args.embed_batch, adamw=not args.sgd,
-                  reduce_every_pass=args.reduce_every_pass, lora_rank=args.lora_rank)
+                  reduce_every_pass=args.reduce_every_pass, lora_rank=args.lora_rank,
+                  checkpoint_every=args.checkpoint_every)
     dropped = {0} if args.no_vllm else set()
     dropped |= {1, 2} if args.no_embedder else set()
     rows = [(name, formula, 0.0, 0.0) if i in dropped else (name, formula, a, b)
@@ -186,11 +242,30 @@ def main() -> None:
     if update_total > args.gpu_gib:
         print(f"\nThe update's estimated peak ({update_total:.1f} GiB) exceeds the {args.gpu_gib:g} GiB GPU: it does "
               "not fit (more GPUs, sleep mode or a smaller token budget lower it).")
+    print_checkpointing_fit(shape, args.micro * (args.prompt + args.new) if args.micro else args.max_tokens,
+                            update_total - next(r[3] for r in rows if r[0].startswith("activations")), args.gpu_gib)
     if args.no_vllm:
         return
     name, formula, held, wanted = rows[-1]
     print(f"\nKV cache: about {held:.0f}k tokens fit of the {wanted:.0f}k that all samples at full length would "
           f"need ({formula}); vLLM queues the rest.")
+
+
+def print_checkpointing_fit(m: Shape, tokens: int, without_activations: float, gpu_gib: float) -> None:
+    """The line naming the ``model.gradient_checkpointing`` that fits (:func:`fitting_every`), with its formula."""
+    every = fitting_every(m, tokens, without_activations, gpu_gib)
+    formula = ("Activations of a pass with every n-th layer checkpointed: tokens x (hidden x k + (3 x intermediate + "
+               "6 x hidden) x (layers - k + 1)) x 2 B, k = ceil(layers / n); none: tokens x (3 x intermediate + "
+               "6 x hidden) x layers x 2 B.")
+    head = f"\nGradient checkpointing that fits the {gpu_gib:g} GiB GPU:"
+    if every is None:
+        need = without_activations + activations_gib(m, tokens, 1)
+        print(f"{head} none; with every layer checkpointed the update needs {need:.1f} GiB. {formula}")
+        return
+    chosen = ("false (no layer checkpointed)" if every == 0 else
+              f"{every} ({every_nth(every)}: {checkpointed_layers(m.layers, every)} of {m.layers} checkpointed)")
+    print(f"{head} model.gradient_checkpointing: {chosen}; activations {activations_gib(m, tokens, every):.1f} GiB, "
+          f"update {without_activations + activations_gib(m, tokens, every):.1f} GiB. {formula}")
 
 
 if __name__ == "__main__":
