@@ -139,7 +139,10 @@ def parameters_in(model: nn.Module, dtype: str, linear_only: bool = False) -> nn
     alone, the same at every position (``tests/test_gpu_contact.py``).
     """
     target = getattr(torch, dtype)
-    for parameter in model.parameters():  # each shared parameter once
+    embedding = model.get_input_embeddings().weight
+    parameters = ([m.weight for m in model.modules() if isinstance(m, nn.Linear) and m.weight is not embedding]
+                  if linear_only else list(model.parameters()))  # each shared parameter once
+    for parameter in parameters:
         parameter.data = parameter.data.to(target)
     return model
 
