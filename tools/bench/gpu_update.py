@@ -1,0 +1,588 @@
+"""The update's speed and numerics on one GPU, as one prepared script: offline, random-weight models built here from
+configs, each section in its own process under its own timeout, the report appended to as each section ends.
+
+    python -m tools.bench.gpu_update --out gpu-update --deadline 570  # one GPU: ~7 min expected, 570 s at most
+    python -m tools.bench.gpu_update --out gpu-update --sections 1-5   # ~4 min expected, 405 s of timeouts
+    python -m tools.bench.gpu_update --out gpu-update --sections 6     # then the compiled update (240 s timeout)
+    python -m tools.bench.gpu_update --out cpu-update --cpu           # CPU mode, tiny sizes: ~2 min on 2 cores
+
+Sections, in the order they run (names or numbers for ``--sections``; each one's timeout on a GPU in brackets, 645 s
+in all; where one command may run 600 s at most, pass ``--deadline`` or run two commands with the same ``--out``):
+
+1. versions [30 s]: python, torch (CUDA), the device, transformers, lightning, triton; whether this torch has
+   ``torch.nn.attention.varlen.varlen_attn`` and its signature; with a CUDA device, the op against the per-sequence
+   sdpa loop (``sequencewise_attention._each_sequence``) on a small packed GQA row (16 query / 8 key-value heads x
+   128, bf16): max |diff| of the output and of the three input gradients (on a CPU, tried and said why not where
+   the op has no CPU kernel).
+2. paper [100 s]: ``bench_update --paper --paths packed --repeats 2 --profile 10``, the Qwen3-1.7B shape uncompiled:
+   update s, tokens/s, MFU, GPU-busy fraction, kernel launches, peak allocated memory beside ``gpu_budget``'s
+   estimate (``bench_update`` draws the random weights on the device itself).
+3. 4b-sgd [150 s]: the Qwen3-4B shape with plain SGD (``--models qwen3-4b --optimizer sgd --repeats 2``; AdamW's
+   moments do not fit 80 GB), no profile: MFU, and the peak against the estimate.
+4. lr0 [75 s]: one update at learning rate 0 (``gpu_check``'s update shape: Qwen3-1.7B on a card of 60 GiB or more,
+   FSDP2 over a one-process mesh as a one-GPU ``ModelParallelStrategy`` run, 8 sequences, two mini-batches of 4):
+   the ratio exp(logp - old_logp) over mini-batch 2's scored tokens, its training pass against the no-grad pass that
+   gave the old log-probs (1 up to kernel noise), and the clip fractions the update reports (means over the two
+   mini-batches; mini-batch 1's are 0 by construction).
+5. kl [50 s]: ``gpu_check``'s KL probe at identical weights (``probes.kl_at_positions``: one 12,288-token sequence,
+   its gap per band of positions, k3 KL) through the single-process build and through FSDP2 over a one-process mesh.
+6. paper-compiled [240 s]: section 2 with ``--compile --repeats 1`` (compiling the 1.7B shape's blocks took 103-115 s
+   on an H200): the compile time and graphs besides. Last, as the section likeliest to run long. Skipped in CPU mode
+   unless named in ``--sections`` (compiling the small model's C++ kernels takes ~3 minutes on 2 cores).
+
+Reading the report (``DIR/report.md``; ``DIR/report.json`` holds the same and the figures read): one line per
+invocation (command, machine, commit, time; a later invocation with the same ``--out`` appends), then a
+``## N. name: status (seconds)`` section each: ``ok``, ``FAILED`` (the error, or the log's tail), ``TIMED OUT``
+(after its timeout, with the log's tail; the process and everything it started killed) or ``skipped`` (why). A bench
+section opens with a one-row summary (docs/performance.md's columns) above ``bench_update``'s own output. Logs:
+``DIR/work/NAME.log``; models: ``DIR/work/models``. Exit status 1 when a section failed or timed out.
+
+``--cpu`` (automatic without CUDA): the same sections at CPU sizes: the bench sections with ``--quick --paths packed
+--check-longest 0`` on ``gpu_check``'s small CPU update shape (launches: the CPU's kernel-call count), FSDP2 over a
+one-process gloo mesh. ``--timeout S`` sets every section's timeout, ``--timeout NAME=S`` one section's. For tests,
+``EVOLRL_GPU_UPDATE_FAIL=NAME[,NAME]`` makes those sections raise at their start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from tools.common import ROOT, failure_report
+
+FAIL = "EVOLRL_GPU_UPDATE_FAIL"
+LEAST = 20
+"""Under ``--deadline``, the fewest seconds a section is started with."""
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    title: str
+    gpu_timeout: float
+    cpu_timeout: float
+
+
+SECTIONS = (
+    Section("versions", "versions, and torch's varlen attention op against the per-sequence path", 30, 60),
+    Section("paper", "bench_update --paper --paths packed: the Qwen3-1.7B shape, uncompiled", 100, 120),
+    Section("4b-sgd", "bench_update --paper --paths packed: the Qwen3-4B shape, SGD", 150, 120),
+    Section("lr0", "an update at learning rate 0: mini-batch 2's ratio and the clip fractions", 75, 90),
+    Section("kl", "KL at identical weights: single process and FSDP2", 50, 90),
+    Section("paper-compiled", "bench_update --paper --paths packed --compile: the Qwen3-1.7B shape, compiled", 240, 300),
+)
+BY_NAME = {s.name: s for s in SECTIONS}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The child: one section in this process, its result as JSON in DIR/work/NAME.json
+
+
+@dataclass
+class Context:
+    gpu: bool
+    work: Path
+
+    @property
+    def device(self):
+        import torch
+
+        return torch.device("cuda" if self.gpu else "cpu")
+
+    @property
+    def size(self) -> dict:
+        import torch
+
+        from tools.commands.gpu_check import env
+
+        gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if self.gpu else 0.0
+        return env.sizes(self.gpu, quick=False, gpu_gib=gib)
+
+    def model(self, name: str, size: dict, **kwargs) -> Path:
+        """A random-weight Qwen3-shaped model of ``size["shape"]`` and ``size["vocab"]`` in ``work/models/NAME``
+        (``gpu_check``'s ``runs.random_qwen3``), drawn on the device, built once."""
+        from tools.commands.gpu_check import runs
+
+        directory = self.work / "models" / name
+        if not (directory / "config.json").exists():
+            runs.random_qwen3(directory, size["shape"], vocab=size["vocab"], device=self.device.type, **kwargs)
+        return directory
+
+
+def one_process_mesh(gpu: bool):
+    """FSDP2's mesh of a one-GPU ``ModelParallelStrategy`` run (``bench_update.one_device_mesh``, NCCL); on a CPU the
+    same over a one-process gloo group."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from tools.bench.bench_update import one_device_mesh
+    from tools.common import free_port
+
+    if gpu:
+        return one_device_mesh()
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    return init_device_mesh("cpu", (1,), mesh_dim_names=("data_parallel",))
+
+
+def table(head: list[str], rows: list) -> list[str]:
+    from tools.commands.gpu_check.check import table as gpu_check_table
+
+    return ["", *gpu_check_table(head, rows), ""]
+
+
+def versions(ctx: Context) -> tuple[bool, list[str], dict]:
+    import platform
+
+    import torch
+
+    from tools.commands.gpu_check import env
+
+    rows = [("python", platform.python_version()), ("torch", f"{torch.__version__} (CUDA {torch.version.cuda})"),
+            ("device", env.device_line() if ctx.gpu else env.cpu_line()),
+            *((name, env.version(name) or "missing") for name in ("transformers", "lightning", "triton")),
+            ("evolrl", env.commit())]
+    figures = {name: value for name, value in rows}
+    lines = table(["package", "version"], rows)
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError as error:
+        figures["varlen_attn"] = None
+        return True, [*lines, f"`torch.nn.attention.varlen.varlen_attn`: missing in this torch ({error})"], figures
+    import inspect
+
+    signature = str(inspect.signature(varlen_attn))
+    figures["varlen_attn"] = signature
+    lines += [f"`torch.nn.attention.varlen.varlen_attn` exists: `varlen_attn{signature}`"]
+    try:
+        check = varlen_against_sequencewise(varlen_attn, ctx.device, **({} if ctx.gpu else {"lengths": (7, 64, 2)}))
+    except Exception as error:  # noqa: BLE001 (on a CPU expected: torch's op has CUDA kernels only)
+        why = f"{type(error).__name__}: {str(error)[:300]}"
+        if ctx.gpu:
+            return False, [*lines, f"GQA check against the per-sequence path: FAILED ({why})", "```",
+                           *traceback.format_exc().splitlines()[-8:], "```"], figures
+        return True, [*lines, (f"GQA check against the per-sequence path: not run on the CPU ({why}; torch's op has "
+                               "flash-attention kernels on CUDA only)")], figures
+    figures["varlen_gqa"] = check
+    lines.append(f"GQA check on the {ctx.device.type.upper()}, a packed row of {check['lengths']} tokens, "
+                 f"{check['heads']} query / {check['kv_heads']} key-value heads x {check['head_dim']}, bf16, causal "
+                 f"({check['call']}), against `sequencewise_attention._each_sequence` (one sdpa call per sequence, "
+                 "flash first on a GPU), one random output gradient:")
+    lines += table(["", "max abs(varlen - per-sequence)", "max abs(per-sequence)"],
+                   [(name, f"{check[name][0]:.2e}", f"{check[name][1]:.2e}")
+                    for name in ("output", "grad query", "grad key", "grad value") if name in check])
+    if "backward" in check:
+        lines.append(f"the backward FAILED: {check['backward']}")
+    return "backward" not in check, lines, figures
+
+
+def varlen_against_sequencewise(varlen_attn, device, lengths=(37, 512, 1000, 5, 300), heads=16, kv_heads=8,
+                                head_dim=128) -> dict:
+    """``varlen_attn`` and the per-sequence sdpa loop on one packed GQA row: max |diff| of the output and of the
+    gradients of query, key and value for one random output gradient, beside the loop's largest magnitude. The op's
+    causal keyword (``window_size`` from torch 2.11, ``is_causal`` before) and GQA (``enable_gqa``, else the fewer key
+    heads passed as they are, else repeated) as this torch takes them."""
+    import inspect
+    import types
+
+    import torch
+
+    from evolrl.logprobs import sequencewise_attention as sw
+
+    g = torch.Generator().manual_seed(0)
+    total = sum(lengths)
+    q, k, v = (torch.randn(total, h, head_dim, generator=g).to(device, torch.bfloat16).requires_grad_()
+               for h in (heads, kv_heads, kv_heads))
+    grad = torch.randn(total, heads, head_dim, generator=g).to(device, torch.bfloat16)
+    module = types.SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True, training=False)
+    row = [x.transpose(0, 1)[None] for x in (q, k, v)]  # [1, heads, T, head_dim], as the attention layers hand it
+    loop = sw._each_sequence(module, *row, sw.PackedLengths(list(lengths)), dropout=0.0, scaling=None)[0]
+    params = inspect.signature(varlen_attn).parameters
+    kwargs = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    cu = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+    longest = max(lengths)
+    if "enable_gqa" in params:
+        call = "enable_gqa=True"
+        out = varlen_attn(q, k, v, cu, cu, longest, longest, enable_gqa=True, **kwargs)
+    else:
+        try:
+            call, out = "fewer key-value heads as they are", varlen_attn(q, k, v, cu, cu, longest, longest, **kwargs)
+        except Exception as error:  # noqa: BLE001 (then the heads repeated, and said so)
+            call = f"key-value heads repeated (as they are: {type(error).__name__})"
+            kk, vv = (x.repeat_interleave(heads // kv_heads, dim=1) for x in (k, v))
+            out = varlen_attn(q, kk, vv, cu, cu, longest, longest, **kwargs)
+    out = out[0] if isinstance(out, tuple) else out
+    call += ", " + ", ".join(f"{key}={value}" for key, value in kwargs.items())
+
+    def gap(a, b) -> tuple[float, float]:
+        a, b = a.detach().float(), b.detach().float()
+        return float((a - b).abs().max()), float(b.abs().max())
+
+    found = {"lengths": list(lengths), "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "call": call,
+             "output": gap(out, loop)}
+    try:
+        mine, theirs = torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(loop, (q, k, v), grad)
+    except Exception as error:  # noqa: BLE001 (the forward's gap stands; the backward's failure is reported)
+        return found | {"backward": f"{type(error).__name__}: {str(error)[:300]}"}
+    return found | {f"grad {n}": gap(a, b) for n, a, b in zip(("query", "key", "value"), mine, theirs)}
+
+
+BENCH = {"paper": ["--paper", "--paths", "packed", "--repeats", "2", "--profile", "10"],
+         "4b-sgd": ["--paper", "--paths", "packed", "--models", "qwen3-4b", "--optimizer", "sgd", "--repeats", "2"],
+         "paper-compiled": ["--paper", "--paths", "packed", "--compile", "--repeats", "1", "--profile", "10"]}
+"""Each bench section's ``bench_update`` flags on a GPU."""
+BENCH_CPU = {"paper": ["--profile", "5"], "4b-sgd": ["--optimizer", "sgd"], "paper-compiled": ["--compile",
+                                                                                                   "--profile", "5"]}
+"""On a CPU: ``--quick --paths packed --check-longest 0`` on the small model, and these."""
+FIGURES = {  # what a bench section reads from bench_update's output
+    "busy": r"^GPU busy ([\d.]+) of the update \(([\d.]+) s of kernels\), (\d+) kernel launches, (\d+) kernels$",
+    "cpu_calls": r"^(\d+) kernel calls \(innermost operators",
+    "estimate": r"^heavy, packed: peak ([\d.]+) GiB allocated; tools.commands.gpu_budget estimates ([\d.]+) GiB",
+    "compile": r"^heavy, packed: the warm-up update took ([\d.]+) s and traced (\d+) graphs",
+    "card": r"^card peak: (.+)$",
+}
+
+
+def bench(ctx: Context, name: str) -> tuple[bool, list[str], dict]:
+    """``python -m tools.bench.bench_update`` with the section's flags, its output echoed (into the section's log, so
+    that a timeout leaves its progress there) and read."""
+    from tools.bench.bench_update import HEAD
+
+    if ctx.gpu:
+        flags = ["--device", "cuda", *BENCH[name]]
+    else:
+        model = ctx.model("small", ctx.size["update"])
+        flags = ["--device", "cpu", "--quick", "--paths", "packed", "--check-longest", "0", "--models", str(model),
+                 "--peak-size", "256", "--peak-repeats", "2", *BENCH_CPU[name]]
+    shown = "python -m tools.bench.bench_update " + shlex.join(flags)
+    print(shown, flush=True)
+    child = subprocess.Popen([sys.executable, "-m", "tools.bench.bench_update", *flags], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    output = []
+    for line in child.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        output.append(line)
+    code, text = child.wait(), "".join(output)
+    if code:
+        return False, [f"`{shown}` exited {code}:", "```", failure_report(text), "```"], {"exit": code}
+    row = re.search(r"^\| heavy \| packed \| (.+) \|$", text, re.MULTILINE)
+    if row is None:
+        return False, [f"`{shown}`: no result row in its output", "```", text[-3000:], "```"], {}
+    figures = {key: number(cell) for key, cell in zip(HEAD[2:], row.group(1).split(" | "))}
+    for key, pattern in FIGURES.items():
+        found = re.search(pattern, text, re.MULTILINE)
+        figures[key] = [number(x) for x in found.groups()] if found else None
+    busy, estimate = figures["busy"], figures["estimate"]
+    peak = (f"{figures['peak MiB (abs)'] / 1024:.1f} GiB allocated" if ctx.gpu
+            else f"{figures['peak MiB (abs)']:.0f} MiB resident")
+    summary = [figures["update s"], figures["tokens/s"], figures["MFU bf16"],
+               busy[0] if busy else "-",
+               f"{busy[2]:.0f}" if busy else f"{figures['cpu_calls'][0]:.0f} kernel calls" if figures["cpu_calls"]
+               else "-",
+               peak, f"{estimate[1]:.1f} GiB" if estimate else "-"]
+    lines = [f"`{shown}`" + ("" if ctx.gpu else " (CPU mode: gpu_check's small CPU shape, not the section's)"),
+             *table(["update s", "tokens/s", "MFU (bf16 peak)", "GPU busy", "launches", "peak", "gpu_budget estimate"],
+                    [summary])]
+    if figures["compile"]:
+        lines.append(f"compiling: the warm-up update took {figures['compile'][0]} s and traced "
+                     f"{figures['compile'][1]} graphs")
+    return True, [*lines, "", "bench_update's output:", "```", text.strip(), "```"], figures
+
+
+def number(text: str):
+    try:
+        return float(text) if re.fullmatch(r"-?[\d.]+(e-?\d+)?", text) else text
+    except ValueError:
+        return text
+
+
+def lr0(ctx: Context) -> tuple[bool, list[str], dict]:
+    import torch
+
+    from evolrl.training import Batching, GRPOLoss, GRPOUpdate, Optimization
+    from evolrl.training.build import Dtypes, build_models
+    from evolrl.training.optim import build_optimizer, start_schedule
+    from tools.bench.bench_update import make_sequences, responses
+
+    size = ctx.size["update"]
+    run = ({"sequences": 8, "mini_batch": 4, "prompt": 256, "median": 1000, "cap": 4096, "budget": 8192} if ctx.gpu
+           else {k: size[k] for k in ("sequences", "mini_batch", "prompt", "median", "cap", "budget")})
+    model = ctx.model("update", size)
+
+    class Recorded(GRPOUpdate):
+        """Records logp - old_logp over the scored tokens of each training pass given old log-probs (every
+        mini-batch after the first)."""
+        old = None
+        gaps: list
+
+        def train_pass(self, policy, part, temperature, old, *args, **kwargs):
+            self.old = old
+            try:
+                return super().train_pass(policy, part, temperature, old, *args, **kwargs)
+            finally:
+                self.old = None
+
+        def forward(self, model, seqs, *args, **kwargs):
+            out = super().forward(model, seqs, *args, **kwargs)
+            if self.old is not None and torch.is_grad_enabled():
+                self.gaps.append((out[0].detach().float() - self.old.float())[seqs.response_mask])
+            return out
+
+    device = ctx.device
+    policy, reference = build_models(str(model), Dtypes.resolve("bf16-mixed", "float32"), with_reference=True,
+                                     mesh=one_process_mesh(ctx.gpu), device=device, gradient_checkpointing=True,
+                                     packed=True)
+    loss = GRPOLoss(kl_coef=0.001, entropy_coef=0.003)
+    batching = Batching(mini_batch_size=run["mini_batch"], micro_batch_size=1,
+                        max_tokens_per_micro_batch=run["budget"], packed=True)
+    update = Recorded(loss, batching, max_grad_norm=1.0)
+    update.gaps = []
+    optimizer, scheduler = build_optimizer(list(policy.parameters()), Optimization(lr=0.0))
+    start_schedule(scheduler, 1000)
+    lengths = [run["prompt"] + r for r in responses("heavy", run["sequences"], median=run["median"], sigma=1.0,
+                                                     cap=run["cap"], seed=0)]
+    seqs = make_sequences(lengths, run["prompt"], vocab=policy.config.vocab_size, seed=1).to(device)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        stats = update(policy, reference, seqs, temperature=1.0, optimizer=optimizer, scheduler=scheduler)
+    gap = torch.cat(update.gaps) if update.gaps else torch.zeros(0)
+    ratio = gap.exp()
+    policy_loss = loss.policy_loss
+    low, high = getattr(policy_loss, "clip_low", None), getattr(policy_loss, "clip_high", None)
+    outside = float(((ratio < 1 - low) | (ratio > 1 + high)).float().mean()) if low is not None and len(ratio) else None
+    clips = {k: v for k, v in stats.items() if k.endswith("_frac")}
+    figures = {"tokens": len(gap), "max_abs_ratio_minus_1": float((ratio - 1).abs().max()) if len(ratio) else None,
+               "mean_ratio": float(ratio.mean()) if len(ratio) else None,
+               "mean_abs_logp_gap": float(gap.abs().mean()) if len(gap) else None, "outside_clip_range": outside,
+               "clip_fractions": clips, "kl": stats.get("kl"), "skipped_steps": update.skipped_steps,
+               "lengths": lengths}
+    if not len(gap):
+        return False, ["no scored token in mini-batch 2: nothing measured"], figures
+    shape = size["shape"]
+    lines = [(f"{size['name']} shape ({shape['hidden_size']} x {shape['num_hidden_layers']} layers, random weights), "
+              f"FSDP2 over a one-process mesh ({'NCCL' if ctx.gpu else 'gloo'}), bf16 autocast, AdamW at lr 0; "
+              f"{run['sequences']} sequences of {run['prompt']} + log-normal(median {run['median']}, cap {run['cap']}) "
+              f"tokens ({sum(lengths):,} tokens), mini-batches of {run['mini_batch']}, packed passes of at most "
+              f"{run['budget']:,} tokens (the old log-probs' no-grad passes: {batching.no_grad_pass_multiple}x that)"),
+             *table(["mini-batch 2's tokens", "max abs(ratio - 1)", "mean ratio", "mean abs(logp - old_logp)",
+                     f"outside [1 - {low}, 1 + {high}]"],
+                    [(f"{len(gap):,}", f"{figures['max_abs_ratio_minus_1']:.2e}", f"{figures['mean_ratio']:.6f}",
+                      f"{figures['mean_abs_logp_gap']:.2e}", f"{outside:.2e}" if outside is not None else "-")]),
+             ("the update's clip fractions (means over the 2 mini-batches; mini-batch 1's are 0, its old log-probs its "
+              "own): " + ", ".join(f"{k} {v:.2e}" for k, v in clips.items())
+              + f"; kl {stats.get('kl', float('nan')):.2e}; non-finite steps skipped: {update.skipped_steps}")]
+    return update.skipped_steps == 0, lines, figures
+
+
+def kl(ctx: Context) -> tuple[bool, list[str], dict]:
+    """``gpu_check``'s probe twice: as it builds (one process), then with ``build_models`` given a one-process mesh
+    (the probe has no mesh parameter: its ``build_models`` is patched for the call)."""
+    from unittest import mock
+
+    from evolrl.training import build
+    from tools.commands.gpu_check import probes
+    from tools.commands.gpu_check.check import KL_FLOOR, KL_RATIO
+
+    size = ctx.size["kl"]
+    model = ctx.model("kl", size, init=0.1)  # as gpu_check's kl section draws it
+    single = probes.kl_at_positions(model, size["length"], bands=size["bands"], device=ctx.device)
+    mesh, built, build_models = one_process_mesh(ctx.gpu), [], build.build_models
+
+    def sharded_build(*args, **kwargs):
+        models = build_models(*args, mesh=mesh, device=ctx.device, **kwargs)
+        built.extend(type(m).__name__ for m in models)
+        return models
+
+    with mock.patch.object(build, "build_models", sharded_build):
+        sharded = probes.kl_at_positions(model, size["length"], bands=size["bands"], device=ctx.device)
+    good = len(built) == 2 and all(name.startswith("FSDP") for name in built)  # the patch took: both sharded
+    rows, fsdp = [], f"FSDP2, one-process mesh (policy {built[0]}, reference {built[-1]})" if built else "FSDP2: not built"
+    for path, out in (("single process", single), (fsdp, sharded)):
+        first, last = out["bands"][0][2], out["bands"][-1][2]
+        good &= not (last > KL_RATIO * first and last > KL_FLOOR)
+        rows.append((path, f"{out['k3']:.2e}",
+                     *(f"{gap:.2e}" for _, _, gap, _ in out["bands"]), out["rotary"]))
+    bands = [f"abs gap {lo:,}-{hi - 1:,}" for lo, hi in size["bands"]]
+    shape = size["shape"]
+    return good, [(f"one {size['length']:,}-token sequence of random tokens, a {shape['hidden_size']} x "
+                   f"{shape['num_hidden_layers']}-layer Qwen3 shape (vocab {size['vocab']:,}, random weights), policy "
+                   "and reference from `build_models` (bf16-mixed, reference_dtype bfloat16), at identical weights"),
+                  *table(["path", "k3 KL", *bands, "rotary buffers"], rows),
+                  (f"(gpu_check's `probes.kl_at_positions`; FAILED when the last band's gap is above {KL_RATIO}x the "
+                   f"first's and above {KL_FLOOR})")], {"single": single, "fsdp2": sharded}
+
+
+CHILDREN = {"versions": versions, "lr0": lr0, "kl": kl, **{name: functools.partial(bench, name=name) for name in BENCH}}
+
+
+def child(name: str, out: Path, gpu: bool) -> None:
+    """Run one section here and write ``work/NAME.json``; then leave at once (a process group's teardown at exit can
+    abort a process whose work is done: ``tools/bench/fsdp_check.py``)."""
+    work = out / "work"
+    try:
+        if name in os.environ.get(FAIL, "").split(","):
+            raise RuntimeError(f"forced by {FAIL}={os.environ[FAIL]}")
+        good, lines, figures = CHILDREN[name](Context(gpu, work))
+        result = {"status": "ok" if good else "FAILED", "lines": lines, "figures": figures}
+    except BaseException as err:  # noqa: BLE001 (SystemExit too: reported, the other sections still run)
+        result = {"status": "FAILED", "figures": {},
+                  "lines": [f"{type(err).__name__}: {err}", "```", *traceback.format_exc().splitlines()[-15:], "```"]}
+    (work / f"{name}.json").write_text(json.dumps(result, default=str))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The parent: each section in a child process under its timeout, the report appended to as each ends
+
+
+def run_section(number: int, section: Section, out: Path, gpu: bool, timeout: float) -> dict:
+    from tools.commands.gpu_check import runs
+
+    work = out / "work"
+    result_file = work / f"{section.name}.json"
+    result_file.unlink(missing_ok=True)
+    args = ["-m", "tools.bench.gpu_update", "--child", section.name, "--out", str(out), *([] if gpu else ["--cpu"])]
+    code, seconds, tail = runs.run(args, work / f"{section.name}.log", timeout=timeout, cwd=ROOT)
+    if code == 124:
+        result = {"status": "TIMED OUT", "figures": {},
+                  "lines": [(f"timed out after {timeout:.3g} s (its timeout; `--timeout {section.name}=S` to change "
+                             f"it): killed with everything it started; the last lines of {work / section.name}.log:"),
+                            "```", tail, "```"]}
+    elif result_file.exists():
+        result = json.loads(result_file.read_text())
+    else:
+        result = {"status": "FAILED", "figures": {},
+                  "lines": [(f"the section's process exited {code} without a result; the last lines of "
+                             f"{work / section.name}.log:"), "```", tail, "```"]}
+    return {"number": number, "name": section.name, "title": section.title, "seconds": round(seconds, 1),
+            "timeout": timeout, **result}
+
+
+def markdown(section: dict) -> str:
+    return "\n".join([f"## {section['number']}. {section['name']}: {section['status']} ({section['seconds']:.0f} s)",
+                      "", section["title"], "", *section["lines"], "", ""])
+
+
+def chosen_sections(text: str | None) -> list[str]:
+    """Names, numbers and ranges (``1-4``), comma-separated."""
+    if not text:
+        return [s.name for s in SECTIONS]
+    names = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if re.fullmatch(r"\d+(-\d+)?", part):
+            lo, _, hi = part.partition("-")
+            names += [SECTIONS[i - 1].name for i in range(int(lo), int(hi or lo) + 1) if 1 <= i <= len(SECTIONS)]
+        else:
+            names.append(part)
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        raise SystemExit(f"--sections: unknown {unknown}; choose from {', '.join(BY_NAME)} or 1-{len(SECTIONS)}")
+    return names
+
+
+def timeouts(given: list[str], gpu: bool) -> dict[str, float]:
+    out = {s.name: s.gpu_timeout if gpu else s.cpu_timeout for s in SECTIONS}
+    for item in given or []:
+        name, _, value = item.rpartition("=")
+        if name and name not in BY_NAME:
+            raise SystemExit(f"--timeout {item}: no section {name!r}")
+        out.update({name: float(value)} if name else dict.fromkeys(out, float(value)))
+    return out
+
+
+def machine(gpu: bool) -> str:
+    """The device without a CUDA context in this process (its children need the memory): nvidia-smi's name."""
+    from tools.commands.gpu_check import env
+
+    if not gpu:
+        return f"CPU mode: {env.cpu_line()}"
+    try:
+        query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
+        answer = subprocess.run(query, check=False, capture_output=True, text=True, timeout=30).stdout
+        return "GPU: " + answer.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return "GPU: a CUDA device (nvidia-smi did not answer)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.gpu_update", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="report.md, report.json and work/ (logs, models)")
+    parser.add_argument("--cpu", action="store_true", help="CPU mode (automatic without CUDA)")
+    parser.add_argument("--sections", help="comma-separated names, numbers or ranges (1-6); default all")
+    parser.add_argument("--timeout", action="append", metavar="[NAME=]S",
+                        help="seconds: every section's timeout, or NAME=S one section's (repeatable)")
+    parser.add_argument("--deadline", type=float, metavar="S",
+                        help="seconds for the whole run: each section's timeout cut to what is left, and a section "
+                             f"with under {LEAST} s left skipped")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # internal: run one section in this process
+    argv = sys.argv[1:] if argv is None else argv
+    a = parser.parse_args(argv)
+    import torch
+
+    gpu = torch.cuda.is_available() and not a.cpu
+    if a.child:
+        child(a.child, a.out, gpu)
+    names, limits = chosen_sections(a.sections), timeouts(a.timeout, gpu)
+    (a.out / "work").mkdir(parents=True, exist_ok=True)
+    from tools.commands.gpu_check import env
+
+    started = datetime.datetime.now(datetime.timezone.utc)
+    header = {"command": "python -m tools.bench.gpu_update " + shlex.join(argv), "machine": machine(gpu),
+              "commit": env.commit(), "started": f"{started:%Y-%m-%d %H:%M} UTC", "sections": []}
+    report, data = a.out / "report.md", a.out / "report.json"
+    try:
+        runs_so_far = json.loads(data.read_text())["runs"] if data.exists() else []
+    except (ValueError, KeyError, TypeError):
+        data.rename(data.with_suffix(".json.unreadable"))
+        runs_so_far = []
+    opening = f"`{header['command']}` | {header['machine']} | {header['commit']} | {header['started']}\n\n"
+    earlier = report.exists() and report.stat().st_size > 0
+    with report.open("a") as md:
+        md.write(("\n" if earlier else "") + opening)
+    print(opening, end="", flush=True)
+    start = time.monotonic()
+    for number, section in enumerate(SECTIONS, 1):
+        if section.name not in names:
+            continue
+        left = a.deadline - (time.monotonic() - start) if a.deadline else float("inf")
+        skipped = {"number": number, "name": section.name, "title": section.title, "seconds": 0.0,
+                   "timeout": limits[section.name], "status": "skipped", "figures": {}}
+        if section.name == "paper-compiled" and not gpu and a.sections is None:
+            result = skipped | {"lines": [("skipped: CPU mode (compiling the small model's C++ kernels takes ~3 "
+                                           "minutes on 2 cores); name it in `--sections` to run it")]}
+        elif left < LEAST:
+            result = skipped | {"lines": [f"skipped: {left:.0f} s left of `--deadline {a.deadline:g}`"]}
+        else:
+            result = run_section(number, section, a.out, gpu, min(limits[section.name], left))
+        header["sections"].append(result)
+        text = markdown(result)
+        with report.open("a") as md:
+            md.write(text)
+        data.write_text(json.dumps({"runs": [*runs_so_far, header]}, indent=1, default=str) + "\n")
+        print(text, end="", flush=True)
+    bad = [s["name"] for s in header["sections"] if s["status"] in ("FAILED", "TIMED OUT")]
+    print(f"{len(header['sections'])} sections, {len(bad)} failed or timed out{': ' + ', '.join(bad) if bad else ''}; "
+          f"report: {report}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
