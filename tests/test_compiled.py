@@ -220,7 +220,7 @@ def test_under_fsdp2_a_compiled_block_takes_its_modules_integers_as_constants(ti
     took the head width as an input."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from evolrl.logprobs import compiled
+    from evolrl.logprobs import compiled, varlen
 
     def traced(guarded: bool) -> list:
         monkeypatch.setattr(compiled, "GUARDED", compiled.GUARDED if guarded else (lambda forward: forward))
@@ -239,7 +239,8 @@ def test_under_fsdp2_a_compiled_block_takes_its_modules_integers_as_constants(ti
     assert len(guarded) == len(default) > 0
     assert any(guarded)  # the row's length is a symbol
     assert not [s for symbols in guarded for s in symbols if s.lower().startswith("l_self")], guarded
-    assert [s for symbols in default for s in symbols if s.lower().startswith("l_self")]  # what GUARDED changes
+    if not varlen.available():  # what GUARDED changes, met by the per-sequence path (sdpa reads the head width)
+        assert [s for symbols in default for s in symbols if s.lower().startswith("l_self")]
 
 
 def test_a_checkpointed_training_pass_runs_its_blocks_compiled(tiny_model, monkeypatch):

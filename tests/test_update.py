@@ -60,8 +60,8 @@ def test_under_bf16_autocast_a_later_mini_batch_trains_on_the_weights_the_earlie
     update = GRPOUpdate(GRPOLoss(), Batching(mini_batch_size=2, micro_batch_size=2, logprob_chunk_size=7), max_grad_norm=1e6)
     trained, forward = [], update.forward
 
-    def spy(model, part, temperature, vocab_mean=False):
-        out = forward(model, part, temperature, vocab_mean=vocab_mean)
+    def spy(model, part, temperature, **kwargs):
+        out = forward(model, part, temperature, **kwargs)
         if torch.is_grad_enabled():
             trained.append(out[0].detach())
         return out

@@ -58,7 +58,7 @@ def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int,
     inputs = {"input_ids": ids, "position_ids": positions[None], "use_cache": False, **keep}
     flex = getattr(model.config, "_attn_implementation", None) == PACKED_FLEX
     if is_sequencewise(model) or flex:
-        inputs["packed_lengths"] = PackedLengths(lengths[lengths > 0].tolist())
+        inputs["packed_lengths"] = PackedLengths(lengths[lengths > 0].tolist(), ids.device)
     if flex:  # built once per pass, read by every layer
         inputs["packed_block_mask"] = document_block_mask(inputs["packed_lengths"].lengths, ids.device)
     stats = model_logprobs(model, inputs, select=(lambda out: out) if keep else (lambda out: out[:, at]),

@@ -26,6 +26,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from evolrl.logprobs import varlen
+
 SEQUENCEWISE_SDPA = "evolrl_sequencewise_sdpa"
 GPU_BACKENDS: list[SDPBackend] | None = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                                          SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
@@ -43,10 +45,16 @@ class PackedLengths:
     arguments to the GPU (inside tuples, lists and dicts too), and reading the lengths back in every layer would then
     wait for the device each time; nor a dataclass, whose fields a compiled block's trace would be specialised on."""
 
-    __slots__ = ("lengths",)
+    __slots__ = ("cu_seqlens", "lengths", "max_len")
 
-    def __init__(self, lengths: list[int]) -> None:
+    def __init__(self, lengths: list[int], device: torch.device | None = None) -> None:
         self.lengths = [int(n) for n in lengths]
+        self.max_len = max(self.lengths)
+        bounds = torch.tensor([0, *self.lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        on_gpu = device is not None and device.type == "cuda"
+        self.cu_seqlens = bounds.pin_memory().to(device, non_blocking=True) if on_gpu else bounds.to(device)
+        """The row's cumulative lengths ``[N + 1]`` int32 on ``device`` (the varlen op's): built once per pass on the
+        host, before the forward, copied without blocking, read by every layer."""
 
     def __repr__(self) -> str:
         return f"PackedLengths({self.lengths})"
@@ -65,7 +73,21 @@ def sequencewise_sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tens
     if torch.is_autocast_enabled(device):  # autocast's cast, once per row instead of once per sequence and tensor
         dtype = torch.get_autocast_dtype(device)
         query, key, value = (x.to(dtype) if x.dtype != torch.float64 else x for x in (query, key, value))
+    if varlen.available() and not kwargs.get("dropout"):  # one call per row, traceable (varlen.py)
+        if not torch.compiler.is_compiling():  # traced, the check would fix the row's length in the graph
+            _check_row(query, key, packed_lengths.lengths)
+        scale = kwargs.get("scaling")
+        out = varlen.attend(*(x[0].transpose(0, 1) for x in (query, key, value)),
+                            packed_lengths.cu_seqlens, packed_lengths.max_len,
+                            scale=scale if scale is not None else query.shape[-1] ** -0.5)
+        return out.unsqueeze(0), None
     return _each_sequence(module, query, key, value, packed_lengths, *args, **kwargs), None
+
+
+def _check_row(query: Tensor, key: Tensor, lengths: list[int]) -> None:
+    if query.shape[0] != 1 or query.shape[2] != sum(lengths) or key.shape[2] != query.shape[2]:
+        raise ValueError(f"packed_lengths {lengths} need one row of {sum(lengths)} queries and keys (a pass without a "
+                         f"KV cache); got queries {tuple(query.shape)}, keys {tuple(key.shape)}")
 
 
 @torch.compiler.disable
@@ -74,9 +96,7 @@ def _each_sequence(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
     """One causal sdpa call per sequence. Outside a compiled block's graph (``Batching.compile_blocks``): traced, the
     loop would be specialised on the number of sequences and traced again for every pass."""
     lengths = packed_lengths.lengths
-    if query.shape[0] != 1 or query.shape[2] != sum(lengths) or key.shape[2] != query.shape[2]:
-        raise ValueError(f"packed_lengths {lengths} need one row of {sum(lengths)} queries and keys (a pass without a "
-                         f"KV cache); got queries {tuple(query.shape)}, keys {tuple(key.shape)}")
+    _check_row(query, key, lengths)
     kwargs["is_causal"] = True
     with _preferring(GPU_BACKENDS if query.is_cuda else None):
         if len(lengths) == 1:  # a row of one sequence: no split, no concatenation (forward and backward)

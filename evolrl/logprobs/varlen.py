@@ -1,0 +1,117 @@
+"""One attention call per packed row: torch's varlen attention op, with CPU kernels of the project's.
+
+``torch.nn.attention.varlen.varlen_attn`` (torch 2.10 and later) attends each sequence of a packed row to itself in
+one call of the flash kernels that ship with torch, from the row's cumulative lengths ``cu_seqlens``. It is a custom op
+(``torch_attn::_varlen_attn``, its backward ``torch_attn::_varlen_attn_backward``), so ``torch.compile`` traces a
+block that calls it whole, where the per-sequence loop it replaces breaks the graph. The op has no CPU kernel: this
+module registers one for each (:func:`install`), the loop of per-sequence sdpa calls the packed path used before, so
+that CPU and GPU run the same code and the CPU tests exercise it. Both kernels call, sequence by sequence, the flash
+kernels sdpa itself runs on a CPU (forward and backward, the forward's log-sum-exp ``[H, T]`` saved for the backward as
+on a GPU), so the numbers are the per-sequence path's, bit for bit.
+
+Where torch has no varlen op, :func:`available` is false and the packed path keeps its per-sequence loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch import Tensor
+
+try:
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # torch before 2.10
+    varlen_attn = None
+
+CAUSAL = (-1, 0)
+"""``varlen_attn``'s ``window_size`` for causal attention (2.13 has no ``is_causal``)."""
+
+
+def available() -> bool:
+    """Whether this torch has the varlen op (its CPU kernels then come from :func:`install`)."""
+    return varlen_attn is not None
+
+
+def attend(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, max_len: int, scale: float) -> Tensor:
+    """Causal attention of each sequence of a packed row with itself: ``query [T, H, D]``, ``key``/``value``
+    ``[T, Hkv, D]`` (``Hkv`` divides ``H``), ``cu_seqlens [N + 1]`` int32 on their device; returns ``[T, H, D]``."""
+    return varlen_attn(query, key, value, cu_seqlens, cu_seqlens, max_len, max_len, scale=scale,
+                       window_size=CAUSAL, enable_gqa=query.shape[1] != key.shape[1])
+
+
+def _sequences(cu_seq: Tensor) -> list[tuple[int, int]]:
+    return list(itertools.pairwise(cu_seq.tolist()))
+
+
+def _check(cu_seq_q: Tensor, cu_seq_k: Tensor | None, window_size: list[int] | None, is_causal: bool,
+           **unsupported: object) -> None:
+    if any(value is not None for value in unsupported.values()):
+        raise NotImplementedError(f"the CPU varlen kernel does not take {', '.join(unsupported)}")
+    if cu_seq_k is not None and not torch.equal(cu_seq_k, cu_seq_q):
+        raise NotImplementedError("the CPU varlen kernel attends each sequence to itself (cu_seq_k == cu_seq_q)")
+    if list(window_size or (-1, -1)) not in ([-1, -1], [-1, 0]):
+        raise NotImplementedError(f"the CPU varlen kernel has no sliding window ({window_size})")
+
+
+def _rows(x: Tensor, start: int, end: int, groups: int = 1) -> Tensor:
+    """One sequence of a ``[T, H, D]`` tensor as sdpa's ``[1, H, s, D]``, each head repeated ``groups`` times."""
+    part = x[start:end].transpose(0, 1)[None]
+    return part.repeat_interleave(groups, 1) if groups > 1 else part
+
+
+_FORWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def _varlen_cpu(query: Tensor, key: Tensor, value: Tensor, cu_seq_q: Tensor, cu_seq_k: Tensor | None, max_q: int,
+                max_k: int, is_causal: bool = False, scale: float | None = None, window_size: list[int] | None = None,
+                enable_gqa: bool = False, seqused_k: Tensor | None = None, block_table: Tensor | None = None,
+                num_splits: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """The forward on a CPU: per sequence, the flash kernel sdpa runs on a CPU (the per-sequence path's numbers, bit
+    for bit), which also returns the log-sum-exp."""
+    _check(cu_seq_q, cu_seq_k, window_size, is_causal, seqused_k=seqused_k, block_table=block_table,
+           num_splits=num_splits)
+    causal = is_causal or list(window_size or ()) == [-1, 0]
+    groups = query.shape[1] // key.shape[1]
+    out = torch.empty_like(query)
+    # float32 as the flash kernel's (float64 for float64 inputs, as the CPU kernel returns it)
+    lse = torch.empty(query.shape[1], query.shape[0], dtype=torch.promote_types(query.dtype, torch.float32))
+    for start, end in _sequences(cu_seq_q):
+        o, logsumexp = _FORWARD(_rows(query, start, end), _rows(key, start, end, groups),
+                                _rows(value, start, end, groups), 0.0, causal, scale=scale)
+        out[start:end], lse[:, start:end] = o[0].transpose(0, 1), logsumexp[0]
+    return out, lse, torch.zeros(2, dtype=torch.uint64)
+
+
+def _varlen_backward_cpu(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor, out: Tensor, lse: Tensor,
+                         cu_seq_q: Tensor, cu_seq_k: Tensor, max_q: int, max_k: int, is_causal: bool,
+                         rng_state: Tensor, scale: float | None = None,
+                         window_size: list[int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward on a CPU: per sequence, the CPU flash kernel's backward from the saved log-sum-exp; a key/value
+    head shared by a group of query heads (GQA) sums the group's gradients, in float32."""
+    _check(cu_seq_q, cu_seq_k, window_size, is_causal)
+    causal = is_causal or list(window_size or ()) == [-1, 0]
+    kv_heads = key.shape[1]
+    groups = query.shape[1] // kv_heads
+    grads = [torch.empty_like(x) for x in (query, key, value)]
+    for start, end in _sequences(cu_seq_q):
+        dq, dk, dv = _BACKWARD(_rows(grad_out, start, end), _rows(query, start, end), _rows(key, start, end, groups),
+                               _rows(value, start, end, groups), _rows(out, start, end), lse[None, :, start:end],
+                               0.0, causal, scale=scale)
+        grads[0][start:end] = dq[0].transpose(0, 1)
+        for total, part in ((grads[1], dk), (grads[2], dv)):
+            total[start:end] = part[0].unflatten(0, (kv_heads, groups)).sum(1, dtype=torch.float32).transpose(0, 1)
+    return tuple(grads)
+
+
+def install() -> None:
+    """Register the CPU kernels of torch's varlen ops (once; nothing where torch has no such op)."""
+    if not available() or getattr(install, "done", False):
+        return
+    torch.library.register_kernel("torch_attn::_varlen_attn", "cpu", _varlen_cpu)
+    torch.library.register_kernel("torch_attn::_varlen_attn_backward", "cpu", _varlen_backward_cpu)
+    install.done = True
+
+
+install()

@@ -1,0 +1,104 @@
+"""Torch's varlen attention op on a packed row (``evolrl/logprobs/varlen.py``): the project's CPU kernels against the
+per-sequence sdpa path, and a compiled block traced once for every row it meets.
+
+Tolerances: without GQA the CPU kernels run, sequence by sequence, the very flash kernels sdpa runs on a CPU, so
+outputs and gradients are equal bit for bit; with GQA sdpa takes its math path, the kernels repeat the key/value heads
+for the flash kernel, so the two differ by float32 rounding (1e-6). The GPU test compares torch's own CUDA kernels
+with the per-sequence path at bf16 rounding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import mixed_sequences
+
+from evolrl.logprobs import varlen
+
+pytestmark = pytest.mark.skipif(not varlen.available(), reason="this torch has no varlen attention op")
+
+LENGTHS = [3, 5, 2]
+CU = torch.tensor([0, 3, 8, 10], dtype=torch.int32)
+
+
+def per_sequence(q, k, v, scale):
+    """The per-sequence path: one sdpa call per sequence, ``[1, H, s, D]`` as transformers hands them over."""
+    bounds = list(zip(CU.tolist(), CU.tolist()[1:]))
+    return torch.cat([F.scaled_dot_product_attention(*(x[s:e].transpose(0, 1)[None] for x in (q, k, v)),
+                                                     is_causal=True, scale=scale,
+                                                     enable_gqa=q.shape[1] != k.shape[1])[0].transpose(0, 1)
+                      for s, e in bounds])
+
+
+def row(heads: int, kv_heads: int, dtype=torch.float32, device="cpu"):
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randn(sum(LENGTHS), h, 8, generator=generator, dtype=dtype).to(device).requires_grad_()
+            for h in (heads, kv_heads, kv_heads)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_kernels_are_the_per_sequence_path_bit_for_bit(dtype):
+    q, k, v = row(4, 4, dtype)
+    out, expected = varlen.attend(q, k, v, CU, 5, scale=0.3), per_sequence(q, k, v, 0.3)
+    assert torch.equal(out, expected)
+    grad = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(expected, (q, k, v), grad)):
+        assert torch.equal(a, b)
+
+
+def test_grouped_query_heads_and_the_gradient_check():
+    q, k, v = row(4, 2)
+    out, expected = varlen.attend(q, k, v, CU, 5, scale=0.3), per_sequence(q, k, v, 0.3)
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+    grad = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(expected, (q, k, v), grad)):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    q, k, v = (x.detach().double().requires_grad_() for x in row(4, 2))
+    assert torch.autograd.gradcheck(lambda q, k, v: varlen.attend(q, k, v, CU, 5, scale=0.3), (q, k, v))
+
+
+def test_the_log_sum_exp_is_each_querys_over_its_own_causal_keys():
+    q, k, v = (x.detach() for x in row(2, 2))
+    _, lse = varlen.varlen_attn(q, k, v, CU, CU, 5, 5, scale=0.3, window_size=varlen.CAUSAL,
+                                return_aux=torch.nn.attention.varlen.AuxRequest(lse=True))
+    start, end = 3, 8  # the second sequence
+    scores = 0.3 * q[start:end].transpose(0, 1) @ k[start:end].transpose(0, 1).transpose(1, 2)
+    scores = scores.masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf"))
+    torch.testing.assert_close(lse.reshape(2, -1)[:, start:end] if lse.shape[0] == 2 else lse.T[:, start:end],
+                               scores.logsumexp(-1), rtol=1e-5, atol=1e-5)
+
+
+def test_a_compiled_block_is_traced_once_for_rows_of_any_lengths(tiny_model, monkeypatch):
+    """After the first passes (warm-up: a first trace, then the one dynamic in the row's length and sequence count),
+    packed passes of other lengths and sequence counts trace no graph, forward or backward, and nothing breaks one."""
+    from test_compiled import recorded_graphs
+
+    from evolrl.logprobs.packing import packed_logprobs
+    from evolrl.training.build import Dtypes, build_models
+
+    graphs = recorded_graphs(monkeypatch)
+    policy, _ = build_models(tiny_model, Dtypes.resolve("32-true", "float32"), with_reference=False, packed=True,
+                             compiled=True)
+
+    def passes(seeds):
+        for seed in seeds:
+            seqs = mixed_sequences(policy.config.vocab_size, seed=seed)
+            logp, _ = packed_logprobs(policy, seqs.select(list(range(seed % 3 + 2))), temperature=1.0, chunk_size=16)
+            logp.sum().backward()
+
+    passes(range(2))
+    warm = len(graphs)
+    passes(range(2, 6))
+    assert len(graphs) == warm > 0
+    assert not torch._dynamo.utils.counters["graph_break"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_torchs_cuda_kernels_match_the_per_sequence_path_with_grouped_heads():
+    """bf16 flash kernels against per-sequence sdpa: bf16 rounding (8 significant bits) of the outputs and grads."""
+    q, k, v = row(4, 2, torch.bfloat16, "cuda")
+    cu = CU.cuda()
+    out = varlen.attend(q, k, v, cu, 5, scale=0.3)
+    torch.testing.assert_close(out, per_sequence(q, k, v, 0.3), rtol=2e-2, atol=2e-2)
