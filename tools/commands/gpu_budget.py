@@ -15,7 +15,7 @@ configs: P = 1 prompt per rank, V = 64 samples of up to 1,024 + 12,288 tokens, p
 most 32,768 tokens (``max_tokens_per_micro_batch``), the LM head fused into the log-prob step (``--micro N``
 instead: the update before both, N right-padded sequences of full length per pass and the model's logits),
 gradient checkpointing, bf16 compute with fp32 master weights sharded by FSDP2 (bf16
-all-gathers), the frozen reference in bf16, Qwen3-Embedding-4B in bf16 embedding 8 texts at a time.
+all-gathers), the frozen reference's linear weights in bf16 (its embeddings fp32), Qwen3-Embedding-4B in bf16 embedding 8 texts at a time.
 
 ``--lora-rank R`` estimates a LoRA run (``model.lora``): the base frozen in bf16 (no fp32 master copy, no
 gradient, no optimizer state, no separate reference: the reference is the base with the adapters off), float32
@@ -157,7 +157,9 @@ def budget(m: Shape, gpus: int, gpu_gib: float, vllm_fraction: float, samples: i
         if reduce_every_pass else
         ("gradients (fp32, unsharded until a mini-batch's last pass)", "params x 4 B", 0.0, m.params * 4 / GIB),
         ("AdamW moments (fp32)", f"2 x params / {gpus} x 4 B", shard * 8 * adamw / GIB, shard * 8 * adamw / GIB),
-        ("reference shard (bf16)", f"params / {gpus} x 2 B", shard * 2 / GIB, shard * 2 / GIB),
+        # Under autocast the reference keeps its embeddings (and norms) as loaded, fp32 (build.parameters_in).
+        ("reference shard (bf16 linear, fp32 embeddings)", f"(params + vocab x hidden) / {gpus} x 2 B",
+         (shard + m.vocab * m.hidden / gpus) * 2 / GIB, (shard + m.vocab * m.hidden / gpus) * 2 / GIB),
         ("all-gathered bf16 params", "embeddings + 2 blocks in flight, x 2 B", 0.0,
          (m.vocab * m.hidden + 2 * block) * 2 / GIB),
         activation_row(m, mb_tokens, pass_text, checkpoint_every),
