@@ -174,6 +174,18 @@ class Recorder(L.Callback):
         self.losses.append(outputs["stats"]["loss"])
 
 
+def fit_checkpointed(module, data, directory, recorder: Recorder, ckpt_path=None, **trainer_kwargs) -> Recorder:
+    """``module`` trained on ``data`` on the CPU with a checkpoint after every step (``directory/step=N.ckpt``), from
+    ``ckpt_path`` when given; ``trainer_kwargs``: the run's length (``max_epochs``, ``max_steps``)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    checkpoints = ModelCheckpoint(dirpath=directory, filename="{step}", every_n_train_steps=1, save_top_k=-1)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[recorder, checkpoints], **trainer_kwargs)
+    trainer.fit(module, data, ckpt_path=ckpt_path)
+    return recorder
+
+
 BATCHING = {f.name for f in fields(Batching)}
 
 

@@ -8,11 +8,10 @@ follows from those two facts, not from a recording.
 
 from __future__ import annotations
 
-import lightning as L
 import pytest
 import torch
 import yaml
-from helpers import Recorder, scalars, tiny_config
+from helpers import Recorder, fit_checkpointed, scalars, tiny_config
 
 from evolrl.cli import main
 from evolrl.data import AdditionPrompts, RolloutDataModule
@@ -50,18 +49,11 @@ class Kept(Recorder):
 
 
 def run(model_dir, directory, steps=4, ckpt_path=None, max_rounds=3):
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
     module = EvolRLModule(model_dir, reward=Marked(), batching=Batching(6, 2), optim=Optimization(lr=1e-2))
     data = RolloutDataModule(AdditionPrompts(count=16), model=model_dir, engine=HFEngine(), prompts_per_step=2,
                              vote_samples=4, trained_samples=3, sampling=Sampling(max_new_tokens=6), shuffle=False,
                              dynamic_sampling=DynamicSampling(max_rounds=max_rounds))
-    kept = Kept()
-    checkpoints = ModelCheckpoint(dirpath=directory, filename="{step}", every_n_train_steps=1, save_top_k=-1)
-    trainer = L.Trainer(accelerator="cpu", max_steps=steps, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, callbacks=[kept, checkpoints])
-    trainer.fit(module, data, ckpt_path=ckpt_path)
-    return kept, module
+    return fit_checkpointed(module, data, directory, Kept(), ckpt_path, max_steps=steps), module
 
 
 def test_agreeing_groups_are_dropped_and_further_prompts_fill_the_step(tmp_path, tiny_model):

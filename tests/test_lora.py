@@ -3,10 +3,9 @@ engine's merged weights and the export compute the trained policy."""
 
 from __future__ import annotations
 
-import lightning as L
 import pytest
 import torch
-from helpers import Recorder
+from helpers import Recorder, fit_checkpointed
 
 from evolrl.data import AdditionPrompts, RolloutDataModule
 from evolrl.lora import AdaptersOff, LoRA, linear_names, merged_tensors
@@ -19,18 +18,12 @@ ADAPTERS = LoRA(rank=4, alpha=8.0)
 
 
 def lora_run(tiny_model: str, directory, ckpt_path=None, epochs: int = 2, kl_coef: float = 0.05):
-    from lightning.pytorch.callbacks import ModelCheckpoint
 
     module = EvolRLModule(tiny_model, reward=MajorityVoteReward(), batching=Batching(6, 2), lora=ADAPTERS,
                           loss=GRPOLoss(kl_coef=kl_coef), optim=Optimization(lr=5e-2, warmup_ratio=0.3))
     data = RolloutDataModule(AdditionPrompts(count=8), model=tiny_model, engine=HFEngine(), prompts_per_step=2,
                              vote_samples=4, trained_samples=3, sampling=Sampling(max_new_tokens=6))
-    recorder = Recorder()
-    checkpoints = ModelCheckpoint(dirpath=directory, filename="{step}", every_n_train_steps=1, save_top_k=-1)
-    trainer = L.Trainer(accelerator="cpu", max_epochs=epochs, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, callbacks=[recorder, checkpoints])
-    trainer.fit(module, data, ckpt_path=ckpt_path)
-    return recorder, module
+    return fit_checkpointed(module, data, directory, Recorder(), ckpt_path, max_epochs=epochs), module
 
 
 def test_only_the_adapters_train_and_the_checkpoint_holds_them_alone(tmp_path, tiny_model):

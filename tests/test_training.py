@@ -14,7 +14,7 @@ import lightning as L
 import pytest
 import torch
 import yaml
-from helpers import Recorder, StreamingDataModule, fit, scalars, tiny_config
+from helpers import Recorder, StreamingDataModule, fit, fit_checkpointed, scalars, tiny_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from evolrl.algorithms import SeqMeanTokenMean, TokenMean
@@ -321,19 +321,13 @@ def test_validate_a_trained_checkpoint(tmp_path, tiny_model, minilm, monkeypatch
 
 def test_resume_gives_the_same_next_steps(tmp_path, tiny_model):
     """Interrupted runs, resumed mid-epoch (after step 3) and at an epoch boundary (after step 4), continue exactly."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
 
     def run(ckpt_path=None, directory=tmp_path / "full"):
         module = EvolRLModule(tiny_model, reward=MajorityVoteReward(), batching=Batching(6, 2),
                               optim=Optimization(lr=1e-2, warmup_ratio=0.3))
         data = RolloutDataModule(AdditionPrompts(count=8), model=tiny_model, engine=HFEngine(), prompts_per_step=2,
                                  vote_samples=4, trained_samples=3, sampling=Sampling(max_new_tokens=6))
-        recorder = Recorder()
-        checkpoints = ModelCheckpoint(dirpath=directory, filename="{step}", every_n_train_steps=1, save_top_k=-1)
-        trainer = L.Trainer(accelerator="cpu", max_epochs=2, logger=False, enable_progress_bar=False,
-                            enable_model_summary=False, callbacks=[recorder, checkpoints])
-        trainer.fit(module, data, ckpt_path=ckpt_path)
-        return recorder, module
+        return fit_checkpointed(module, data, directory, Recorder(), ckpt_path, max_epochs=2), module
 
     full, full_module = run()
     assert len(full.losses) == 8  # 2 epochs x 4 steps, one optimizer step each
