@@ -176,7 +176,7 @@ def test_no_answer_has_no_span_and_no_trailing_text():
 )
 @pytest.mark.parametrize("fallback_rule", ["last_number", "first_result"])
 def test_the_first_statement_of_the_answer_whatever_the_reading_rule(text, before, trailing, fallback_rule):
-    from evolrl.rewards.answers import first_statement
+    from evolrl.rewards.statements import first_statement
 
     graded = read_answer(text, number_fallback=True, fallback_rule=fallback_rule)
     stated = first_statement(text, graded)

@@ -127,9 +127,9 @@ def test_an_update_given_the_policy_pass_is_the_update_without_it(tiny_model):
         scored = update.policy_pass(policy, seqs, 0.7) if with_pass else None
         calls, forward = [], update.forward
 
-        def counting(model, part, temperature, vocab_mean=False, calls=calls, forward=forward, policy=policy):
+        def counting(model, part, temperature, calls=calls, forward=forward, policy=policy, **kwargs):
             calls.append(model is policy and not torch.is_grad_enabled())
-            return forward(model, part, temperature=temperature, vocab_mean=vocab_mean)
+            return forward(model, part, temperature=temperature, **kwargs)
 
         update.forward = counting
         stats = update(policy, reference, seqs, temperature=0.7, optimizer=optimizer, scheduler=scheduler,

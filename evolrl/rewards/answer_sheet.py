@@ -15,8 +15,9 @@ import torch
 from torch import Tensor
 
 from evolrl.rewards.answer_rules import EVERY_ANSWER, AnswerRules, check_rules
-from evolrl.rewards.answers import AnswerSpan, first_statement, has_trailing_text
+from evolrl.rewards.answers import AnswerSpan, has_trailing_text
 from evolrl.rewards.base import Reward
+from evolrl.rewards.statements import first_statement
 from evolrl.rewards.voting import group_answers, majority_class
 from evolrl.types import Components, RewardOutput, RolloutBatch
 
@@ -83,7 +84,7 @@ class AnswerSheet:
     spans: tuple[tuple[AnswerSpan | None, ...], ...]
     """Where each answer was read, ``[P][V]`` (``None``: no answer)."""
     stated: tuple[tuple[AnswerSpan | None, ...], ...]
-    """Where each response first states its answer as a result (``answers.first_statement``), ``[P][V]``."""
+    """Where each response first states its answer as a result (``statements.first_statement``), ``[P][V]``."""
     trailing: Tensor
     """Whether a letter or digit follows that first statement (``False`` without an answer)."""
 

@@ -30,11 +30,11 @@ FALLBACK_RULES: tuple[str, ...] = ("last_number", "first_result")
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _MARKER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_NUMBER_TEXT = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+"
-_NUMBER = re.compile(_NUMBER_TEXT)
+NUMBER_TEXT = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+"
+_NUMBER = re.compile(NUMBER_TEXT)
 # "= N" where N is a whole number (no digit may follow, so the match cannot stop inside one) that no operator
 # continues: the result of an equation, not the start of another expression ("= 10 + 10 = 20" reads 20).
-_RESULT = re.compile(r"=[\s$*]*(" + _NUMBER_TEXT + r")(?!\d|[.,]\d)(?!\s*[-+*/^×÷])")
+_RESULT = re.compile(r"=[\s$*]*(" + NUMBER_TEXT + r")(?!\d|[.,]\d)(?!\s*[-+*/^×÷])")
 _WORD = re.compile(r"[^\W_]")  # a letter or digit: what makes text after the answer "trailing text"
 _CLOSING = re.compile(r"\s*</\w+>")
 
@@ -79,7 +79,7 @@ def _box_spans(text: str) -> list[tuple[int, int, str]]:
     return sorted(spans)
 
 
-def _answer_boxes(text: str) -> list[tuple[int, int, str]]:
+def answer_boxes(text: str) -> list[tuple[int, int, str]]:
     """The boxes that hold an answer: an empty ``\\boxed{}`` (often the instruction echoed) holds none, so it
     neither hides an earlier box nor blocks the number fallback."""
     return [span for span in _box_spans(text) if span[2].strip()]
@@ -90,13 +90,13 @@ def last_boxed(text: str) -> str | None:
 
     A box left unclosed (a truncated response) does not count.
     """
-    spans = _answer_boxes(text)
+    spans = answer_boxes(text)
     return spans[-1][2] if spans else None
 
 
 def strip_last_boxed(text: str) -> str:
     """``text`` without its last non-empty box (text after it stays)."""
-    spans = _answer_boxes(text)
+    spans = answer_boxes(text)
     if not spans:
         return text
     start, end, _ = spans[-1]
@@ -135,7 +135,7 @@ def read_answer(text: str, number_fallback: bool = True, fallback_rule: Fallback
     """
     offset = answer_offset(text)
     part = text[offset:]
-    boxes = _answer_boxes(part)
+    boxes = answer_boxes(part)
     if boxes:
         start, end, content = boxes[-1]
         return AnswerSpan(content.strip(), offset + start, offset + end)
@@ -153,39 +153,6 @@ def extract_answer(text: str, number_fallback: bool = True, fallback_rule: Fallb
     """The final answer of a response (:func:`read_answer`), or ``None``."""
     span = read_answer(text, number_fallback, fallback_rule)
     return span.answer if span is not None else None
-
-
-# A statement of a result: a number after "=", "is", "equals" or an answer marker ("answer:", "the answer is",
-# "<answer>"), that no operator continues. "0 + 36 = 36" states 36 once, at its end: the first 36 is an operand.
-_STATED = re.compile(r"(?:=|\b(?:is|equals|answer)\b[\s:]*(?:is\b)?|<answer>)[\s$*:]*(" + _NUMBER_TEXT
-                     + r")(?!\d|[.,]\d)(?!\s*[-+*/^×÷])", re.IGNORECASE)
-
-
-def first_statement(text: str, span: AnswerSpan) -> AnswerSpan:
-    """Where ``text`` first states the answer read at ``span`` as a result: a box holding it, or the number after
-    ``=``, "is", "equals" or an answer marker; ``span`` itself when nothing before it does. Whatever the reading rules
-    chose (a last box, the last number, the first result), text after this point restates or adds to the answer."""
-    offset = answer_offset(text)
-    part = text[offset:]
-    stated = [(s, e, c) for s, e, c in _answer_boxes(part)] + [(m.start(1), m.end(1), m.group(1))
-                                                              for m in _STATED.finditer(part)]
-    for start, end, said in sorted(stated):
-        if offset + start > span.start:
-            break
-        if _same(said, span.answer):
-            return AnswerSpan(span.answer, offset + start, offset + end)
-    return span
-
-
-def _same(said: str, answer: str) -> bool:
-    """Whether a statement's content is the answer: equal as written (stripped), or as numbers (``1,000`` = 1000)."""
-    said, answer = said.strip(), answer.strip()
-    if said == answer:
-        return True
-    try:
-        return float(said.replace(",", "")) == float(answer.replace(",", ""))
-    except ValueError:
-        return False
 
 
 def has_trailing_text(text: str, span: AnswerSpan | None, graded: AnswerSpan | None = None) -> bool:

@@ -13,7 +13,7 @@ same answer differ in how they got there. When the answer is one line ("9 + 11 =
 to be novel is text written *after* the answer, and the min-max normalization inside a group stretches that
 difference, however meaningless, over the whole band: the reward pays for trailing text and ranks the clean answer
 last whenever the group agrees. ``until_answer``, a narrower reading of "the reasoning part", embeds the response
-only up to where it first states the answer it is graded on as a result (``answers.first_statement``: a box holding
+only up to where it first states the answer it is graded on as a result (``statements.first_statement``: a box holding
 it, or the number after ``=``, "is" or an answer marker; not the number as an operand, "0 + 36 = 36"), whatever the
 answer-reading rules, without the answer and without anything after it: neither trailing text nor a restatement
 ("15 + 21 = 36 So, 15 + 21 = 36.") can change a response's novelty.

@@ -175,10 +175,13 @@ class WeightDtypes(L.Callback):
         proj = module.policy.model.layers[0].self_attn.q_proj
         self.hook = proj.register_forward_pre_hook(record)
         reference = module.reference.model
+        model = getattr(reference, "model", reference) if not isinstance(reference, torch.nn.Module) else reference
+        linear = next(m.weight for m in model.modules()  # LoRA's reference: the policy with adapters off
+                      if isinstance(m, torch.nn.Linear) and m.weight is not model.get_input_embeddings().weight)
         self.report |= {"initial": digest(full_state_dict(module.policy, torch.float32)),
                         "reference": digest(full_state_dict(reference, torch.float32)),
-                        "reference_dtype": str(reference.model.layers[0].self_attn.q_proj.weight.dtype),  # a linear
-                        "reference_embedding_dtype": str(reference.get_input_embeddings().weight.dtype)}
+                        "reference_dtype": str(linear.dtype),
+                        "reference_embedding_dtype": str(model.get_input_embeddings().weight.dtype)}
 
     def on_before_optimizer_step(self, trainer, module, optimizer):
         self.hook.remove()
