@@ -54,10 +54,19 @@ def _check(cu_seq_q: Tensor, cu_seq_k: Tensor | None, window_size: list[int] | N
         raise NotImplementedError(f"the CPU varlen kernel has no sliding window ({window_size})")
 
 
-def _rows(x: Tensor, start: int, end: int, groups: int = 1) -> Tensor:
-    """One sequence of a ``[T, H, D]`` tensor as sdpa's ``[1, H, s, D]``, each head repeated ``groups`` times."""
-    part = x[start:end].transpose(0, 1)[None]
-    return part.repeat_interleave(groups, 1) if groups > 1 else part
+def _rows(x: Tensor, start: int, end: int) -> Tensor:
+    """One sequence of a ``[T, H, D]`` tensor as sdpa's ``[1, H, s, D]`` (a view)."""
+    return x[start:end].transpose(0, 1)[None]
+
+
+def _repeated(x: Tensor, groups: int) -> Tensor:
+    """Each key/value head repeated for its group of query heads (GQA), once for the whole row."""
+    return x.repeat_interleave(groups, 1) if groups > 1 else x
+
+
+def _joined(parts: list[Tensor]) -> Tensor:
+    """Per-sequence ``[1, H, s, D]`` results as one ``[T, H, D]`` tensor: one copy for the row."""
+    return torch.cat([part[0].transpose(0, 1) for part in parts])
 
 
 _FORWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -69,19 +78,18 @@ def _varlen_cpu(query: Tensor, key: Tensor, value: Tensor, cu_seq_q: Tensor, cu_
                 enable_gqa: bool = False, seqused_k: Tensor | None = None, block_table: Tensor | None = None,
                 num_splits: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The forward on a CPU: per sequence, the flash kernel sdpa runs on a CPU (the per-sequence path's numbers, bit
-    for bit), which also returns the log-sum-exp."""
+    for bit), which also returns the log-sum-exp (float32; float64 for float64 inputs, as that kernel returns it)."""
     _check(cu_seq_q, cu_seq_k, window_size, is_causal, seqused_k=seqused_k, block_table=block_table,
            num_splits=num_splits)
     causal = is_causal or list(window_size or ()) == [-1, 0]
     groups = query.shape[1] // key.shape[1]
-    out = torch.empty_like(query)
-    # float32 as the flash kernel's (float64 for float64 inputs, as the CPU kernel returns it)
-    lse = torch.empty(query.shape[1], query.shape[0], dtype=torch.promote_types(query.dtype, torch.float32))
+    key, value = _repeated(key, groups), _repeated(value, groups)
+    outs, lses = [], []
     for start, end in _sequences(cu_seq_q):
-        o, logsumexp = _FORWARD(_rows(query, start, end), _rows(key, start, end, groups),
-                                _rows(value, start, end, groups), 0.0, causal, scale=scale)
-        out[start:end], lse[:, start:end] = o[0].transpose(0, 1), logsumexp[0]
-    return out, lse, torch.zeros(2, dtype=torch.uint64)
+        out, lse = _FORWARD(*(_rows(x, start, end) for x in (query, key, value)), 0.0, causal, scale=scale)
+        outs.append(out)
+        lses.append(lse[0])
+    return _joined(outs), torch.cat(lses, dim=1), torch.zeros(2, dtype=torch.uint64)
 
 
 def _varlen_backward_cpu(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor, out: Tensor, lse: Tensor,
@@ -94,15 +102,16 @@ def _varlen_backward_cpu(grad_out: Tensor, query: Tensor, key: Tensor, value: Te
     causal = is_causal or list(window_size or ()) == [-1, 0]
     kv_heads = key.shape[1]
     groups = query.shape[1] // kv_heads
-    grads = [torch.empty_like(x) for x in (query, key, value)]
+    rows = (grad_out, query, _repeated(key, groups), _repeated(value, groups), out)
+    grads: tuple[list[Tensor], list[Tensor], list[Tensor]] = ([], [], [])
     for start, end in _sequences(cu_seq_q):
-        dq, dk, dv = _BACKWARD(_rows(grad_out, start, end), _rows(query, start, end), _rows(key, start, end, groups),
-                               _rows(value, start, end, groups), _rows(out, start, end), lse[None, :, start:end],
-                               0.0, causal, scale=scale)
-        grads[0][start:end] = dq[0].transpose(0, 1)
-        for total, part in ((grads[1], dk), (grads[2], dv)):
-            total[start:end] = part[0].unflatten(0, (kv_heads, groups)).sum(1, dtype=torch.float32).transpose(0, 1)
-    return tuple(grads)
+        parts = _BACKWARD(*(_rows(x, start, end) for x in rows), lse[None, :, start:end], 0.0, causal, scale=scale)
+        for total, part in zip(grads, parts):
+            total.append(part)
+    dq, dk, dv = (_joined(parts) for parts in grads)
+    if groups > 1:
+        dk, dv = (g.unflatten(1, (kv_heads, groups)).sum(2, dtype=torch.float32).to(key.dtype) for g in (dk, dv))
+    return dq, dk, dv
 
 
 def install() -> None:
