@@ -94,16 +94,6 @@ def test_sampling_is_seeded_and_groups_are_complete(setup):
             assert truncated == (len(response) == 6 and response[-1] not in engine.stops())
 
 
-def test_a_stop_string_ends_a_response_where_it_is_written(setup):
-    """vLLM's CPU build draws from the engine's own stream, so a second call does not replay the first (the Hugging
-    Face engine's test compares the two, tests/test_stop_strings.py): here every response that writes a stop string
-    (common letters, so that some do) ends with the token that completes it."""
-    engine, _, prompts, ids = setup
-    strings = ("e", "a", "t", "o")
-    groups = engine.generate(prompts, ids, sampling=Sampling(max_new_tokens=24, stop=strings), n=8, seed=11)
-    assert sum(ends_at_its_stop_string(g, strings, engine.tokenizer, engine.stops()) for g in groups) >= 1
-
-
 def test_a_real_vllm_error_reaches_the_user(setup):
     """The engine's log filters drop notices only: an error inside vLLM still surfaces, with vLLM's own message."""
     engine, _, prompts, _ = setup
@@ -180,6 +170,16 @@ def test_a_stale_engine_shows_a_large_gap_and_the_correction_masks(setup):
     print(f"stale engine: gap mean {off['mismatch/gap_mean']:.3g}, max {off['mismatch/gap_max']:.3g}, KL "
           f"{off['mismatch/kl']:.3g}; truncated tokens {token['mismatch/truncated_token_frac']:.3g}; sequence weight "
           f"mean {sequence['mismatch/weight_mean']:.3g}, masked below 1/3 {bounded['mismatch/masked_seq_frac']:.3g}")
+
+
+def test_a_stop_string_ends_a_response_where_it_is_written(setup):
+    """vLLM's CPU build draws from the engine's own stream, so a second call does not replay the first (the Hugging
+    Face engine's test compares the two, tests/test_stop_strings.py): here every response that writes a stop string
+    (common letters, so that some do) ends with the token that completes it."""
+    engine, _, prompts, ids = setup  # last of the shared engine's samplers: the others' draws stay as they were
+    strings = ("e", "a", "t", "o")
+    groups = engine.generate(prompts, ids, sampling=Sampling(max_new_tokens=24, stop=strings), n=8, seed=11)
+    assert sum(ends_at_its_stop_string(g, strings, engine.tokenizer, engine.stops()) for g in groups) >= 1
 
 
 def test_sampler_logprobs_are_those_the_trainer_scores_at_the_sampling_temperature(setup, tiny_model):
