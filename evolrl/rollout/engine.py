@@ -7,6 +7,7 @@ hand-overs so that stale rollouts can be detected.
 
 from __future__ import annotations
 
+import bisect
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -106,11 +107,14 @@ def build_group(
 
 
 def _stop_string_end(ids: list[int], stop_strings: Sequence[str], tokenizer: PreTrainedTokenizerBase) -> int | None:
-    """How many of ``ids`` it takes to write the first of ``stop_strings`` whole; ``None`` when none is written."""
-    if not stop_strings or not any(t in tokenizer.decode(ids, skip_special_tokens=True) for t in stop_strings):
+    """How many of ``ids`` it takes to write the first of ``stop_strings`` whole; ``None`` when none is written.
+    A longer prefix writes whatever a shorter one wrote, so a bisection finds it in log2(len) decodes."""
+    def written(k: int) -> bool:
+        return any(t in tokenizer.decode(ids[:k], skip_special_tokens=True) for t in stop_strings)
+
+    if not stop_strings or not written(len(ids)):
         return None
-    return next(k for k in range(1, len(ids) + 1)
-                if any(t in tokenizer.decode(ids[:k], skip_special_tokens=True) for t in stop_strings))
+    return bisect.bisect_left(range(len(ids) + 1), True, key=written)
 
 
 class RolloutEngine(ABC):
