@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import statistics
 from pathlib import Path
 
 import matplotlib
@@ -111,9 +112,7 @@ def table(run_dirs: list[Path], labels: list[str], tags: list[str]) -> str:
         values = [v for _, v in points]
         if len(values) <= 5:
             return ", ".join(f"{v:.3g}" for v in values)
-        ordered = sorted(values)
-        median = (ordered[(len(values) - 1) // 2] + ordered[len(values) // 2]) / 2
-        return f"mean {sum(values) / len(values):.3g}, median {median:.3g} ({len(values)} steps)"
+        return f"mean {statistics.fmean(values):.3g}, median {statistics.median(values):.3g} ({len(values)} steps)"
 
     rows = [f"| run | {' | '.join(tags)} |", "|---" * (len(tags) + 1) + "|"]
     for run, label in zip(run_dirs, labels):
