@@ -9,6 +9,7 @@ import pytest
 
 from evolrl.data import AdditionPrompts, DataError, HubDataset, PromptFile, RolloutDataModule
 from evolrl.rollout import HFEngine, Sampling
+from evolrl.settings import SettingError
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not beside this checkout")
@@ -73,6 +74,44 @@ def test_addition_prompts_with_more_terms_sum_them_and_keep_the_two_term_stream(
         assert len(numbers) == 3 and all(0 <= n <= 19 for n in numbers) and p.answer == str(sum(numbers))
     # The default (two terms) draws as before: the demo's and the regression test's prompts are unchanged.
     assert AdditionPrompts(count=2, seed=0).load()[0].question.startswith("What is 6 + 6?")
+
+
+def test_addition_prompts_from_a_smallest_operand():
+    prompts = AdditionPrompts(count=30, min_operand=10, max_operand=29, seed=4, terms=3).load()
+    numbers = [int(t) for p in prompts for t in p.question.removeprefix("What is ").removesuffix("?").split(" + ")]
+    assert min(numbers) >= 10 and max(numbers) <= 29 and len(numbers) == 90
+    with pytest.raises(SettingError, match="AdditionPrompts.max_operand=9"):
+        AdditionPrompts(min_operand=10, max_operand=9)
+
+
+def test_worked_examples_come_before_the_question_as_chat_turns(tiny_model):
+    from evolrl.data import Example, render_prompt
+    from evolrl.models import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model)
+    shots = [Example("What is 3 + 8 + 4?", "3 + 8 = 11. 11 + 4 = 15. <answer>15</answer>"),
+             Example("What is 7 + 2 + 9?", "7 + 2 = 9. 9 + 9 = 18. <answer>18</answer>")]
+    text = tokenizer.decode(render_prompt(tokenizer, "What is 1 + 2 + 3?", None, shots))
+    places = [text.index(t) for t in ("What is 3 + 8 + 4?", "<answer>15</answer>", "What is 7 + 2 + 9?",
+                                      "<answer>18</answer>", "What is 1 + 2 + 3?")]
+    assert places == sorted(places)
+    assert text.count("assistant") == 3  # two answered turns, then the generation prompt
+    assert render_prompt(tokenizer, "What is 1 + 2 + 3?", None, ()) == render_prompt(tokenizer, "What is 1 + 2 + 3?",
+                                                                                      None)
+    data = RolloutDataModule(AdditionPrompts(count=4), model=tiny_model, engine=HFEngine(), prompts_per_step=2,
+                             vote_samples=2, trained_samples=2, system_prompt=None, examples=shots)
+    data.setup("fit")
+    prompt, ids = data.train_items[0]
+    assert list(ids) == render_prompt(tokenizer, prompt.question, None, shots)
+
+
+@pytest.mark.parametrize("field", ["question", "response"])
+def test_an_empty_worked_example_is_refused(field):
+    from evolrl.data import Example
+
+    values = {"question": "What is 1 + 1?", "response": "<answer>2</answer>"} | {field: " "}
+    with pytest.raises(SettingError, match=f"Example.{field}"):
+        Example(**values)
 
 
 def test_too_few_prompts_for_a_step_is_a_clear_error(tiny_model):

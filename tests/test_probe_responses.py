@@ -11,7 +11,13 @@ from evolrl.models import load_tokenizer
 from evolrl.rewards.answers import extract_answer
 from evolrl.rollout import HFEngine, Sampling
 from evolrl.training import EvolRLModule
-from tools.study.probe_responses import answer_start, read_rows, response_measures, tokens_before_answer
+from tools.study.probe_responses import (
+    answer_start,
+    read_rows,
+    response_measures,
+    tokens_before_answer,
+    ways_to_majority,
+)
 
 
 @pytest.mark.parametrize(("text", "prefix"), [
@@ -80,3 +86,23 @@ def test_eval_responses_writes_every_response_of_a_validate_run(tiny_model, tmp_
             assert tokenizer.decode(r["tokens"], skip_special_tokens=True).strip() == r["text"].strip()
             assert r["answer"] == extract_answer(r["text"]) and r["correct"] == (r["answer"] == row["truth"])
     assert json.loads(json.dumps(rows)) == rows
+
+
+def test_ways_to_the_majority_answer_count_the_texts_before_its_first_statement():
+    texts = ["3 + 8 = 11. 11 + 4 = 15. <answer>15</answer>",
+             "3 + 8 = 11. 11 + 4 = 15. <answer>15</answer>",  # the same way again
+             "3 + 8 + 4 = 15. <answer>15</answer>",
+             "3 + 8 = 11. 11 + 4 = 15 So 15. <answer>15</answer>",  # a restatement after the first: the first way
+             "3 + 8 = 12. <answer>12</answer>"]
+    assert ways_to_majority(texts) == 2
+    assert ways_to_majority(texts[:1] + texts[4:]) is None  # no answer given twice
+
+
+def test_marked_counts_answers_in_a_box_or_marker(tokenizer):
+    rows = [{"truth": "15", "responses": [{"text": "11 + 4 = 15. <answer>15</answer>", "tokens": [1]},
+                                          {"text": "so \\boxed{15}", "tokens": [1]},
+                                          {"text": "11 + 4 = 15. <answer>15", "tokens": [1]},  # not closed
+                                          {"text": "15", "tokens": [1]}]}]
+    m = response_measures(rows, tokenizer)
+    assert m["marked"] == pytest.approx(2 / 4) and m["answered"] == 1.0
+    assert m["ways to majority"] == 3  # "11 + 4 =" twice (marker or not), "so", nothing

@@ -1,6 +1,6 @@
 """Prompts in, rollout groups out."""
 
-from evolrl.data.chat import PAPER_SYSTEM_PROMPT, render_prompt
+from evolrl.data.chat import PAPER_SYSTEM_PROMPT, Example, render_prompt
 from evolrl.data.datamodule import RolloutDataModule, RolloutRequest
 from evolrl.data.eval_set import EvalSet
 from evolrl.data.generated import AdditionPrompts
@@ -12,6 +12,7 @@ __all__ = [
     "AdditionPrompts",
     "DataError",
     "EvalSet",
+    "Example",
     "HubDataset",
     "PromptFile",
     "PromptSource",

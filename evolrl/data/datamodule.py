@@ -23,7 +23,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
-from evolrl.data.chat import PAPER_SYSTEM_PROMPT, render_prompt
+from evolrl.data.chat import PAPER_SYSTEM_PROMPT, Example, render_prompt
 from evolrl.data.eval_set import EvalSet
 from evolrl.data.loader import PromptLoader
 from evolrl.data.sources import DataError, PromptSource, require_answers
@@ -78,6 +78,8 @@ class RolloutDataModule(L.LightningDataModule):
         sampling: How training responses are sampled; its temperature is also the policy loss's.
         max_prompt_tokens: Longer prompts are dropped (and counted in a warning), never truncated.
         system_prompt: System message; ``null`` for none.
+        examples: Worked examples shown as chat turns before every question, training and evaluation alike
+            (few-shot); ``null``: none.
         shuffle: Shuffle prompts each epoch.
         seed: The run's seed for shuffling, the trained subset and sampling (see ``evolrl.rollout.Seeds``);
             ``null`` (default): the CLI's ``seed_everything`` (0 where that is ``false`` or outside the CLI).
@@ -102,6 +104,7 @@ class RolloutDataModule(L.LightningDataModule):
         sampling: Sampling = Sampling(),  # noqa: B008 (frozen)
         max_prompt_tokens: int = 1024,
         system_prompt: str | None = PAPER_SYSTEM_PROMPT,
+        examples: list[Example] | None = None,
         shuffle: bool = True,
         seed: int | None = None,
         trust_remote_code: bool = False,
@@ -134,6 +137,9 @@ class RolloutDataModule(L.LightningDataModule):
                 "RolloutDataModule.dynamic_sampling", dynamic_sampling, allowed="null or max_rounds: <n>")
         self.dynamic_sampling = dynamic_sampling
         self.system_prompt = system_prompt
+        require(all(isinstance(e, Example) for e in examples or []), "RolloutDataModule.examples", examples,
+                allowed="a list of {question: ..., response: ...}")
+        self.examples = tuple(examples or ())
         self.shuffle = shuffle
         self.trust_remote_code = trust_remote_code
         self.eval_sets = eval_sets or []
@@ -176,7 +182,8 @@ class RolloutDataModule(L.LightningDataModule):
 
     def _encode(self, prompts: list[Prompt], what: str) -> tuple[list[tuple[Prompt, tuple[int, ...]]], int]:
         """Rendered, tokenized prompts within ``max_prompt_tokens``, and how many were dropped (with a warning)."""
-        encoded = [(p, tuple(render_prompt(self.tokenizer, p.question, self.system_prompt))) for p in prompts]
+        encoded = [(p, tuple(render_prompt(self.tokenizer, p.question, self.system_prompt,
+                                                       self.examples))) for p in prompts]
         kept = [(p, ids) for p, ids in encoded if len(ids) <= self.max_prompt_tokens]
         dropped = len(encoded) - len(kept)
         if dropped:

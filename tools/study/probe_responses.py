@@ -1,8 +1,10 @@
 """What ``tools.study.study probe`` reads from the evaluation responses a validate run wrote (``EvalResponses``).
 
 pass@k and maj@k come from ``PassAtK``'s table; these are the measures that need the texts: how many tokens a
-response writes before its final answer (is there reasoning for novelty to act on?), and the share a constant guess
-would get right (the most frequent true answer), the floor a majority label has to beat.
+response writes before its final answer (is there reasoning for novelty to act on?), in how many different ways a
+problem's majority answer is reached (the text novelty reads up to the answer: one way leaves novelty nothing to
+tell apart), how many responses close an answer box or marker, and the share a constant guess would get right (the
+most frequent true answer), the floor a majority label has to beat.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
-from evolrl.rewards.answers import extract_answer, final_part, last_boxed, strip_last_boxed
+from evolrl.rewards.answers import answer_boxes, extract_answer, final_part, last_boxed, read_answer, strip_last_boxed
+from evolrl.rewards.statements import first_statement
 
 
 def answer_start(text: str, number_fallback: bool = True) -> int | None:
@@ -41,17 +44,34 @@ def read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+def ways_to_majority(texts: list[str], number_fallback: bool = True) -> int | None:
+    """How many different texts (stripped) a group's responses that give its most frequent answer write before they
+    first state it (what ``until_answer`` novelty embeds); ``None`` when fewer than two give it."""
+    spans = [(t, read_answer(t, number_fallback)) for t in texts]
+    answers = Counter(s.answer for _, s in spans if s is not None)
+    if not answers or answers.most_common(1)[0][1] < 2:
+        return None
+    majority = answers.most_common(1)[0][0]
+    return len({t[:first_statement(t, s).start].strip() for t, s in spans if s is not None and s.answer == majority})
+
+
 def response_measures(rows: list[dict], tokenizer, number_fallback: bool = True) -> dict[str, float]:
     """``guess``: share of problems whose truth is the most frequent truth; ``answered``: share of responses with an
-    answer; ``tokens before answer``: median over the answered responses; ``response tokens``: median length."""
+    answer; ``marked``: share whose answer is in a box or an answer marker; ``tokens before answer``: median over the
+    answered responses; ``ways to majority``: mean of :func:`ways_to_majority` over the problems it counts;
+    ``response tokens``: median length."""
     truths = Counter(row["truth"] for row in rows)
     responses = [r for row in rows for r in row["responses"]]
     before = [n for n in (tokens_before_answer(r["text"], tokenizer, number_fallback) for r in responses)
               if n is not None]
     lengths = [len(r["tokens"]) for r in responses if r["tokens"] is not None]
+    ways = [n for row in rows if (n := ways_to_majority([r["text"] for r in row["responses"]], number_fallback))]
     return {
         "guess": truths.most_common(1)[0][1] / len(rows) if rows else float("nan"),
         "answered": len(before) / len(responses) if responses else float("nan"),
+        "marked": sum(bool(answer_boxes(final_part(r["text"]))) for r in responses) / len(responses)
+        if responses else float("nan"),
         "tokens before answer": statistics.median(before) if before else float("nan"),
+        "ways to majority": statistics.mean(ways) if ways else float("nan"),
         "response tokens": statistics.median(lengths) if lengths else float("nan"),
     }

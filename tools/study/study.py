@@ -5,6 +5,8 @@
     python -m tools.study.study summary        # the table at the last evaluation (mean +- sd) and docs/study.png
     python -m tools.study.study run --smoke    # 2 training steps of each method, one seed, one evaluation batch (CI)
     python -m tools.study.study rewards        # what each reward pays a clean answer vs one with trailing text (1 min)
+    python -m tools.study.study probe --task chain  # the base model on chained sums it works out step by step
+    python -m tools.study.study run --task chain --methods ttrl evol_until --float32 --out results/study3   # Study III
     python -m tools.study.study probe --task word   # the base model on word problems with room to reason
     python -m tools.study.study run --task word     # the same runs on the word problems (configs/study_reasoning.yaml)
     python -m tools.study.study run --methods ttrl ttrl_clip_entropy evol evol_until --float32 --out results/study2
@@ -20,15 +22,7 @@ log directory ``<out>/<method>/seed<S>``. The methods differ only where their ov
 ``done.json`` (its wall time and the commit it started at); ``run`` skips those and starts an unfinished one again
 from the beginning.
 
-``probe`` evaluates the untrained model on each candidate task of ``CANDIDATES`` with ``python -m evolrl validate``:
-at the evaluation sampling (temperature 0.6, top-p 0.95) pass@1, pass@8, pass@16 and maj@16 of 16 samples, and at the
-training sampling (temperature 0.7, 16 samples: the vote of one training group) maj@16, which is how often the
-majority label a TTRL/EVOL-RL group votes for is right. ``probe --task word`` runs one validate per
-``WORD_CANDIDATES`` task and sampling (``--samplings``; each candidate has its own system prompt and length), with
-``EvalResponses`` writing every response: pass@1, pass@16 and maj@16 at the first sampling, and at the last the vote's
-accuracy beside a constant guess (the most frequent true answer's share), the share of responses with an answer and
-the median tokens before it (``probe_responses.py``). A finished validate is not run again: delete its folder under
-``<out>/probe`` or ``<out>/probe_word`` to measure it anew.
+``probe`` measures the untrained model on candidate tasks (``probe.py``).
 
 ``summary`` reads the TensorBoard event files: held-out pass@1, pass@16, maj@16 before training and at the last
 evaluation, the step the collapse monitor flagged (``CollapseMonitor`` in configs/study.yaml; how many runs had one),
@@ -58,6 +52,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from tools.commands.plot_dynamics import plot, read_scalars
 from tools.common import ROOT
+from tools.study.probe import REASONING, SAMPLINGS, probe
 
 BASE = ["configs/demo.yaml", "configs/study.yaml"]
 METHODS = {
@@ -72,39 +67,11 @@ METHODS = {
 """Method -> (label, overlay configs on top of ``BASE``). Study I is the first two, Study II the first four
 (``--methods evol ttrl ttrl_clip_entropy evol_until``); the others are the other label-free methods, run side by
 side the same way (``--methods self_certainty token_entropy semantic_entropy``)."""
-TASKS = {"addition": [], "word": ["configs/study_reasoning.yaml"]}
-"""``--task`` -> overlay configs between ``BASE`` and the method's: additions in [0, 29] (configs/study.yaml's own) or
-the word problems of configs/study_reasoning.yaml (the first of ``WORD_CANDIDATES``)."""
+TASKS = {"addition": [], "word": ["configs/study_reasoning.yaml"], "chain": ["configs/study_chain.yaml"]}
+"""``--task`` -> overlay configs between ``BASE`` and the method's: additions in [0, 29] (configs/study.yaml's own),
+the word problems of configs/study_reasoning.yaml (Study II's first reasoning candidate) or the chained sums of
+configs/study_chain.yaml (Study III's task, the probe's pick)."""
 EVAL_SET = "heldout"
-INSTRUCTION = "Put your final answer within \\boxed{}."
-CANDIDATES = {
-    "2 terms, 0-9": {"max_operand": 9},
-    "2 terms, 0-19": {"max_operand": 19},
-    "2 terms, 0-29": {"max_operand": 29},
-    "2 terms, 0-99": {"max_operand": 99},
-    "3 terms, 0-9": {"max_operand": 9, "terms": 3},
-}
-"""Candidate tasks for ``probe``: ``AdditionPrompts`` settings."""
-STEP_BY_STEP = "Solve the problem step by step. Then write the final answer as a number."
-WORD_INSTRUCTION = "Think step by step."
-WORD_CANDIDATES = {
-    "2 steps, 1-9, step-by-step system prompt": {
-        "source": {"steps": 2, "max_number": 9, "instruction": WORD_INSTRUCTION},
-        "system_prompt": STEP_BY_STEP, "max_new_tokens": 192},
-    "3 steps, 1-9, step-by-step system prompt": {
-        "source": {"steps": 3, "max_number": 9, "instruction": WORD_INSTRUCTION},
-        "system_prompt": STEP_BY_STEP, "max_new_tokens": 192},
-    "2 steps, 1-9, the model's system prompt": {
-        "source": {"steps": 2, "max_number": 9, "instruction": WORD_INSTRUCTION},
-        "system_prompt": None, "max_new_tokens": 192},
-    "2 steps, 1-20, step-by-step system prompt": {
-        "source": {"steps": 2, "max_number": 20, "instruction": WORD_INSTRUCTION},
-        "system_prompt": STEP_BY_STEP, "max_new_tokens": 192},
-}
-"""Candidate reasoning tasks for ``probe --task word``: ``WordProblems`` settings, the system prompt (``None``: the
-model's own) and the new-token limit."""
-SAMPLINGS = {"evaluation": (0.6, 0.95), "training": (0.7, 1.0)}
-"""Sampling name -> (temperature, top-p): the held-out evaluation's and one training group's."""
 FINAL = ("pass@1", "pass@16", "maj@16")
 TRAIN = ("entropy", "response_length", "trailing_fraction", "majority_ratio", "label_accuracy")
 TIMES = ("step", "reward", "update")
@@ -331,110 +298,11 @@ def summary(a: argparse.Namespace) -> None:
     print(f"figure: {figure}")
 
 
-def probe_overlay(out: Path, name: str, temperature: float, top_p: float, sets: list[dict] | None = None,
-                  max_new_tokens: int = 48, **data) -> dict:
-    """A validate run's overlay: ``sets`` (default: every addition candidate) at this sampling, 16 samples each, its
-    pass@k and maj@16 table and (for word problems) every response written beside it; ``data``: further data
-    settings (the system prompt)."""
-    if sets is None:
-        sets = [{"class_path": "evolrl.data.EvalSet", "init_args": {"name": f"task{i}", "source": {
-            "class_path": "evolrl.data.AdditionPrompts",
-            "init_args": {"count": 32, "seed": 1, "instruction": INSTRUCTION, **settings}}}}
-                for i, settings in enumerate(CANDIDATES.values())]
-    callbacks = [{"class_path": "evolrl.callbacks.PassAtK", "init_args": {"pass_ks": [1, 8, 16], "maj_ks": [16]}}]
-    if data:
-        callbacks.append({"class_path": "evolrl.callbacks.EvalResponses"})
-    return {
-        "trainer": {"logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                               "init_args": {"save_dir": str(out), "name": name}},
-                    "callbacks": callbacks},
-        "data": {"eval_sets": sets, "eval_samples": 16,
-                 "eval_sampling": {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens},
-                 **data},
-    }
-
-
-def validate(out: Path, name: str, overlay: dict, env: dict) -> Path:
-    """``python -m evolrl validate`` on the demo's model with ``overlay``; the directory of its tables. A finished
-    one (its ``val_metrics.json`` there) is not run again, so an interrupted probe goes on where it stopped."""
-    done = list((out / name).rglob("val_metrics.json"))
-    if done:
-        return done[0].parent
-    if (out / name).exists():
-        shutil.rmtree(out / name)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{name}.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(overlay))
-    args = [sys.executable, "-m", "evolrl", "validate", "--config", BASE[0], "--config", str(path)]
-    start = time.perf_counter()
-    with open(out / f"{name}.log", "w") as log:
-        if subprocess.run(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode:
-            sys.exit(f"probe ({name}) failed; see {out / f'{name}.log'}")
-    print(f"{name}: {(time.perf_counter() - start) / 60:.1f} min", flush=True)
-    return next((out / name).rglob("val_metrics.json")).parent
-
-
-def probe(a: argparse.Namespace) -> None:
-    if a.task == "word":
-        return probe_word(a)
-    out = Path(a.out) / "probe"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    tables = {}
-    for name, (temperature, top_p) in SAMPLINGS.items():
-        directory = validate(out, name, overlay=probe_overlay(out, name, temperature=temperature, top_p=top_p), env=env)
-        tables[name] = json.loads((directory / "val_metrics.json").read_text())
-    print("| task | pass@1 | pass@8 | pass@16 | maj@16 | label accuracy (vote of 16 at T 0.7) |")
-    print("|---|---|---|---|---|---|")
-    for i, name in enumerate(CANDIDATES):
-        e, t = tables["evaluation"][f"task{i}"], tables["training"][f"task{i}"]
-        print(f"| {name} | {e['pass@1']:.3f} | {e['pass@8']:.3f} | {e['pass@16']:.3f} | {e['maj@16']:.3f} "
-              f"| {t['maj@16']:.3f} |")
-    print(f"\n32 held-out problems per task, 16 samples each (AdditionPrompts seed 1), {ROOT / BASE[0]}'s model")
-
-
 def rewards(a: argparse.Namespace) -> None:
     """The reward-shape report of ``reward_shape.py``."""
     from tools.study.reward_shape import report
 
     print(report(groups_file=a.groups, sample=a.sample, save=a.save, fallback_rule=a.fallback_rule))
-
-
-def probe_word(a: argparse.Namespace) -> None:
-    """Each ``WORD_CANDIDATES`` task (or ``--candidates``) at each of ``--samplings``: one validate run each."""
-    from evolrl.models import load_tokenizer
-    from tools.study.probe_responses import read_rows, response_measures
-
-    out = Path(a.out) / "probe_word"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    tokenizer = load_tokenizer(yaml.safe_load((ROOT / BASE[0]).read_text())["model"]["model"])
-    names = [list(WORD_CANDIDATES)[i] for i in a.candidates] if a.candidates else list(WORD_CANDIDATES)
-    rows = []
-    for i, name in ((list(WORD_CANDIDATES).index(n), n) for n in names):
-        task = WORD_CANDIDATES[name]
-        source = {"class_path": "evolrl.data.WordProblems",
-                  "init_args": {"count": a.problems, "seed": 1, **task["source"]}}
-        sets = [{"class_path": "evolrl.data.EvalSet", "init_args": {"name": "task", "source": source}}]
-        cells = {}
-        for sampling in a.samplings:
-            temperature, top_p = SAMPLINGS[sampling]
-            overlay = probe_overlay(out, f"word{i}/{sampling}", temperature=temperature, top_p=top_p, sets=sets,
-                                    max_new_tokens=task["max_new_tokens"], system_prompt=task["system_prompt"],
-                                    eval_prompts_per_batch=16)  # larger generate calls: more tokens/s on a CPU
-            directory = validate(out, f"word{i}/{sampling}", overlay=overlay, env=env)
-            table = json.loads((directory / "val_metrics.json").read_text())["task"]
-            measures = response_measures(read_rows(next(directory.glob("val_responses_step*.jsonl"))), tokenizer)
-            cells[sampling] = {**table, **measures}
-        e, t = cells[a.samplings[0]], cells[a.samplings[-1]]
-        rows.append(f"| {name} | {e['pass@1']:.3f} | {e['pass@16']:.3f} | {e['maj@16']:.3f} | {t['maj@16']:.3f} "
-                    f"| {t['guess']:.3f} | {t['answered']:.2f} | {t['tokens before answer']:.0f} "
-                    f"| {t['response tokens']:.0f} |")
-    first, last = (f"T {SAMPLINGS[s][0]}, top-p {SAMPLINGS[s][1]}" for s in (a.samplings[0], a.samplings[-1]))
-    print("| task | pass@1 | pass@16 | maj@16 | label accuracy (vote of 16) | guess (most frequent truth) "
-          "| answered | median tokens before the answer | median response tokens |\n" + "|---" * 9 + "|")
-    print("\n".join(rows))
-    print(f"\n{a.problems} problems per task (WordProblems seed 1), 16 samples each, {ROOT / BASE[0]}'s model; "
-          f"pass@k and maj@16 at {first}, the rest at {last}")
 
 
 def main() -> None:
@@ -443,7 +311,8 @@ def main() -> None:
     p.add_argument("command", choices=["probe", "run", "summary", "rewards"])
     p.add_argument("--methods", nargs="+", default=["evol", "ttrl"], choices=list(METHODS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--out", help="where the runs go; default runs/study, with --task word runs/study_reasoning")
+    p.add_argument("--out", help="where the runs go; default runs/study, runs/study_reasoning (--task word) or "
+                                 "runs/study_chain (--task chain)")
     p.add_argument("--smoke", action="store_true", help="run: 2 steps, one evaluation batch")
     p.add_argument("--steps", type=int, help="run: this many training steps instead of configs/study.yaml's 80")
     p.add_argument("--float32", action="store_true",
@@ -456,20 +325,21 @@ def main() -> None:
     p.add_argument("--fallback-rule", default="last_number", choices=["last_number", "first_result"],
                    help="rewards: which number the answer fallback reads")
     p.add_argument("--task", choices=list(TASKS), default="addition",
-                   help="run: the task (TASKS); probe: the addition candidates (CANDIDATES) or the word problems "
-                        "(WORD_CANDIDATES)")
-    p.add_argument("--candidates", nargs="+", type=int, help="probe --task word: these WORD_CANDIDATES (0-based)")
+                   help="run: the task (TASKS); probe: its candidates (probe.CANDIDATES, probe.REASONING)")
+    p.add_argument("--candidates", nargs="+", type=int, help="probe --task word|chain: these candidates (0-based)")
     p.add_argument("--samplings", nargs="+", choices=list(SAMPLINGS), default=list(SAMPLINGS),
-                   help="probe --task word: pass@k at the first, the vote and response measures at the last")
-    p.add_argument("--problems", type=int, default=32, help="probe --task word: problems per task")
+                   help="probe --task word|chain: pass@k at the first, the vote and response measures at the last")
+    p.add_argument("--problems", type=int, default=32, help="probe --task word|chain: problems per task")
     a = p.parse_args()
-    a.out = a.out or {"addition": "runs/study", "word": "runs/study_reasoning"}[a.task]
+    a.out = a.out or {"addition": "runs/study", "word": "runs/study_reasoning", "chain": "runs/study_chain"}[a.task]
     if a.sample < 0:
         p.error(f"--sample {a.sample}: the number of groups to sample is 0 or more")
     if a.problems < 1:
         p.error(f"--problems {a.problems}: a probe needs at least 1 problem")
-    if any(not 0 <= i < len(WORD_CANDIDATES) for i in a.candidates or []):
-        p.error(f"--candidates {a.candidates}: each is 0 to {len(WORD_CANDIDATES) - 1} (WORD_CANDIDATES)")
+    count = len(REASONING.get(a.task, {}))
+    if a.candidates and (a.task == "addition" or any(not 0 <= i < count for i in a.candidates)):
+        p.error(f"--candidates {a.candidates}: with --task word or chain, each is 0 to {max(count - 1, 0)} "
+                "(probe.REASONING)")
     if a.steps is not None and a.steps < 1:
         p.error(f"--steps {a.steps}: a run needs at least 1 training step")
     {"probe": probe, "run": run, "summary": summary, "rewards": rewards}[a.command](a)
