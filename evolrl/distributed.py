@@ -61,14 +61,6 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def global_sum(value: torch.Tensor) -> float:
-    """Sum of a scalar over all ranks (itself when not distributed)."""
-    if world_size() > 1:
-        value = value.detach().clone()
-        dist.all_reduce(value)
-    return float(value)
-
-
 def all_reduce(value: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """``value`` summed (``op="sum"``) or its elementwise largest taken (``"max"``) over all ranks; itself when not
     distributed."""

@@ -131,13 +131,15 @@ def test_a_row_of_one_sequence_is_attended_whole(tiny_model):
 
 
 class FullCausalMask(nn.Module):
-    """The policy given an explicit all-ones attention mask: a plain causal mask over the whole packed row."""
+    """The policy given an explicit all-ones attention mask: a plain causal mask over the whole packed row (in place
+    of any mask the pass gives)."""
 
     def __init__(self, model):
         super().__init__()
         self.model, self.config = model, model.config
 
     def forward(self, input_ids, position_ids, use_cache, logits_to_keep, **kwargs):
+        kwargs.pop("attention_mask", None)
         return self.model(input_ids=input_ids, position_ids=position_ids, use_cache=use_cache,
                           logits_to_keep=logits_to_keep, attention_mask=torch.ones_like(input_ids), **kwargs)
 

@@ -32,13 +32,12 @@ from functools import cache
 import torch
 from torch import Tensor
 
+from evolrl.logprobs.autocast import autocast_dtype, autocast_off
+
 
 def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
     """The matmul dtype: autocast's when it is on (as ``lm_head`` would run), else the inputs' promoted dtype."""
-    device = hidden.device.type
-    if torch.is_autocast_enabled(device):
-        return torch.get_autocast_dtype(device)
-    return torch.promote_types(hidden.dtype, weight.dtype)
+    return autocast_dtype(hidden.device.type) or torch.promote_types(hidden.dtype, weight.dtype)
 
 
 def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, dtype: torch.dtype) -> Tensor:
@@ -103,7 +102,7 @@ def _head_stats(hidden: Tensor, weight: Tensor, bias: Tensor | None, tokens: Ten
     out["mean_logp"] = torch.empty_like(out["logp"]) if vocab_mean else None
     names = ("logp", "entropy", "lse", "mean_logp")[:4 if vocab_mean else 3]
     chunk_stats, logits_dtype = _chunk_fn(_chunk_stats, compiled), dtype if compiled else softmax_dtype
-    with torch.autocast(hidden.device.type, enabled=False):  # dtypes are explicit below
+    with autocast_off(hidden.device.type):  # dtypes are explicit below
         w = weight.to(dtype)
         b = None if bias is None else bias.to(dtype)
         for start in range(0, rows, chunk_size):
@@ -143,7 +142,7 @@ class _HeadLogprobEntropy(torch.autograd.Function):
         grad_logp = None if grad_logp is None else grad_logp.to(softmax_dtype)
         grad_entropy = None if grad_entropy is None else grad_entropy.to(softmax_dtype)
         chunk_grad, logits_dtype = _chunk_fn(_chunk_grad, ctx.compiled), dtype if ctx.compiled else softmax_dtype
-        with torch.autocast(hidden.device.type, enabled=False):
+        with autocast_off(hidden.device.type):
             for start in range(0, hidden.shape[0], ctx.chunk_size):
                 rows_ = slice(start, start + ctx.chunk_size)
                 h = hidden[rows_].to(dtype)

@@ -87,7 +87,8 @@ def sequence_logprobs(model, seqs: Sequences, temperature: float, chunk_size: in
     tokens (``Sequences.filler``) the last position still does, so the LM head is part of the pass.
     """
     width = seqs.input_ids.shape[1]
-    first = int(seqs.response_mask.any(0).nonzero()[0]) if seqs.response_mask.any() else width - 2
+    cols = seqs.host_layout().cols  # where responses start, read on the host
+    first = int(cols.min()) if len(cols) else width - 2
     keep = {"logits_to_keep": width - first} if takes_logits_to_keep(model) else {}
     inputs = {"input_ids": seqs.input_ids, "attention_mask": seqs.attention_mask, "use_cache": False, **keep}
     stats = model_logprobs(model, inputs, select=lambda out: out[:, -(width - first) : -1],

@@ -33,6 +33,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from evolrl.logprobs.autocast import autocast_dtype
 from evolrl.logprobs.sequencewise_attention import SEQUENCEWISE_SDPA, sequencewise_sdpa
 from evolrl.settings import require
 
@@ -81,8 +82,9 @@ def packed_flex(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, at
     if packed_block_mask is None or kwargs.get("sliding_window") is not None or dropout > 0:
         return sequencewise_sdpa(module, query, key, value, attention_mask, *args, **kwargs)
     device = query.device.type
-    if torch.is_autocast_enabled(device):  # flex runs in the dtype it is given: autocast's, as sdpa would
-        query, key, value = (x.to(torch.get_autocast_dtype(device)) for x in (query, key, value))
+    dtype = autocast_dtype(device)
+    if dtype is not None:  # flex runs in the dtype it is given: autocast's, as sdpa would
+        query, key, value = (x.to(dtype) for x in (query, key, value))
     compiled = device == "cuda" and not torch.compiler.is_compiling()
     attend = _compiled_flex() if compiled else flex_attention
     lse = AuxRequest is not None and device == "cuda" and not torch.is_grad_enabled()  # as a training pass (above)

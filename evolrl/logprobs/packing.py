@@ -27,7 +27,7 @@ from torch import Tensor
 
 from evolrl.logprobs.forward import model_logprobs, takes_logits_to_keep
 from evolrl.logprobs.packed_flex import PACKED_FLEX, document_block_mask
-from evolrl.logprobs.sequences import Sequences
+from evolrl.logprobs.sequences import Sequences, to_device
 from evolrl.logprobs.sequencewise_attention import SEQUENCEWISE_SDPA, PackedLengths, is_sequencewise
 from evolrl.settings import require
 
@@ -44,21 +44,25 @@ def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int,
     Response positions get values, every other position 0 (without response tokens, ``Sequences.filler``, the
     first sequence's last position is computed and returned as 0, so the LM head is part of the pass).
     """
-    valid = seqs.attention_mask.bool()  # [N, T], right-padded
-    lengths = valid.sum(-1)  # [N]
+    device = seqs.input_ids.device
+    layout = seqs.host_layout()  # every index below is built on the host and copied without blocking
+    lengths = layout.lengths  # [N]
     starts = lengths.cumsum(0) - lengths  # [N] where each sequence begins in the row
-    ids = seqs.input_ids[valid][None]  # [1, S]: the sequences back to back, pads dropped
-    size = ids.shape[1]
-    positions = torch.arange(size, device=ids.device) - starts.repeat_interleave(lengths, output_size=size)  # [S]
+    size, width = int(lengths.sum()), seqs.input_ids.shape[1]
+    tokens = (torch.arange(width) < lengths[:, None]).flatten().nonzero().flatten()  # [S] in the flattened [N * T]
+    ids = seqs.input_ids.flatten().index_select(0, to_device(tokens, device))[None]  # [1, S]: pads dropped
+    positions = to_device(torch.arange(size) - starts.repeat_interleave(lengths, output_size=size), device)  # [S]
+    rows, cols = (layout.rows, layout.cols) if len(layout.rows) else _last_target(lengths)  # [K]
+    at = to_device(starts[rows] + cols, device)  # [K] positions in the row whose next token is scored
+    rows, cols = to_device(rows, device), to_device(cols, device)
     scored = seqs.response_mask
-    computed = scored if scored.any() else _last_target(seqs.response_mask, lengths)
-    rows, cols = computed.nonzero(as_tuple=True)  # [K]
-    at = starts[rows] + cols  # [K] positions in the row whose next token is scored
     keep = {"logits_to_keep": at} if takes_logits_to_keep(model) else {}
     inputs = {"input_ids": ids, "position_ids": positions[None], "use_cache": False, **keep}
     flex = getattr(model.config, "_attn_implementation", None) == PACKED_FLEX
     if is_sequencewise(model) or flex:
-        inputs["packed_lengths"] = PackedLengths(lengths[lengths > 0].tolist(), ids.device)
+        inputs["packed_lengths"] = PackedLengths(lengths[lengths > 0].tolist(), device)
+        if _full_attention_only(model.config):  # the attention reads the lengths: transformers need build no mask
+            inputs["attention_mask"] = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
     if flex:  # built once per pass, read by every layer
         inputs["packed_block_mask"] = document_block_mask(inputs["packed_lengths"].lengths, ids.device)
     stats = model_logprobs(model, inputs, select=(lambda out: out) if keep else (lambda out: out[:, at]),
@@ -71,11 +75,21 @@ def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int,
     return tuple(unpack(values) for values in stats)
 
 
-def _last_target(response_mask: Tensor, lengths: Tensor) -> Tensor:
-    """A mask like ``response_mask`` with only the first sequence's last position set."""
-    mask = torch.zeros_like(response_mask)
-    mask[0, int(lengths[0]) - 2] = True
-    return mask
+def _full_attention_only(config) -> bool:
+    """Whether no layer of the model attends within a sliding window (such a layer reads transformers' mask).
+
+    For the others a 4D placeholder mask is given: transformers then returns it as the prepared mask instead of
+    building an ``[S, S]`` one that the sequence-wise and flex attention never read, and of finding the packed
+    sequences in the positions with a read that waits for the device."""
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return all(t == "full_attention" for t in types)
+    return getattr(config, "sliding_window", None) is None
+
+
+def _last_target(lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """``(rows, cols)`` of the first sequence's last position (host), computed when nothing is scored."""
+    return torch.zeros(1, dtype=torch.long), (lengths[:1] - 2).long()
 
 
 def check_packing(model, key: str = "Batching.packed") -> None:

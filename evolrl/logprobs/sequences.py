@@ -2,12 +2,47 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from evolrl.types import RolloutBatch
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a batch's tokens are, on the host: what a pass needs to cut, pack and score its rows without reading
+    the device (each read would wait for it). Taken from the tensors while they are still on the host."""
+
+    lengths: Tensor
+    """``[N]`` tokens in each sequence (CPU)."""
+    rows: Tensor
+    cols: Tensor
+    """``[K]`` each: the response positions (``response_mask``'s true entries, CPU) when the batch was built. A mask
+    narrowed later (overlong masking) scores a subset of them: a pass computes these and the mask zeroes the rest."""
+
+    @staticmethod
+    def of(attention_mask: Tensor, response_mask: Tensor) -> Layout:
+        rows, cols = response_mask.cpu().nonzero(as_tuple=True)
+        return Layout(attention_mask.cpu().sum(-1), rows, cols)
+
+    def select(self, rows: list[int]) -> Layout:
+        """The layout of the sequences ``rows``, in that order."""
+        new = torch.full((len(self.lengths),), -1, dtype=torch.long)
+        new[rows] = torch.arange(len(rows))
+        order = new[self.rows]
+        kept = order >= 0
+        place = torch.sort(order[kept], stable=True).indices  # row by row, each row's columns in their order
+        return Layout(self.lengths[rows], order[kept][place], self.cols[kept][place])
+
+
+def to_device(host: Tensor, device: torch.device) -> Tensor:
+    """A host tensor on ``device``, copied without blocking from pinned memory on a GPU (a copy from pageable memory
+    would wait for the device's queue)."""
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
 
 
 @dataclass(frozen=True)
@@ -25,6 +60,17 @@ class Sequences:
     sampler_logprobs: Tensor | None = None
     """``[N, T - 1]`` float32: the engine's log-prob of each response token when it sampled it (0 elsewhere);
     ``None`` when the engine reports none."""
+    layout: Layout | None = field(default=None, compare=False)
+    """Where the tokens are, on the host (:class:`Layout`): taken at construction while the tensors are on the
+    host, and kept when they move."""
+
+    def __post_init__(self) -> None:
+        if self.layout is None and self.attention_mask.device.type == "cpu":
+            object.__setattr__(self, "layout", Layout.of(self.attention_mask, self.response_mask))
+
+    def host_layout(self) -> Layout:
+        """:attr:`layout`; for sequences built on a device, read from it (waiting for it)."""
+        return self.layout if self.layout is not None else Layout.of(self.attention_mask, self.response_mask)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -36,8 +82,9 @@ class Sequences:
 
     def select(self, rows: list[int]) -> Sequences:
         """The sequences ``rows`` (in that order), trimmed to their own longest."""
-        index = torch.tensor(rows, device=self.input_ids.device)
-        width = int(self.attention_mask[index].sum(-1).max().item())
+        layout = self.host_layout().select(rows)
+        index = to_device(torch.tensor(rows), self.input_ids.device)
+        width = int(layout.lengths.max())
         sampler = self.sampler_logprobs[index, : width - 1] if self.sampler_logprobs is not None else None
         return Sequences(
             self.input_ids[index, :width],
@@ -45,6 +92,7 @@ class Sequences:
             response_mask=self.response_mask[index, : width - 1],
             advantages=self.advantages[index],
             sampler_logprobs=sampler,
+            layout=layout,
         )
 
     @staticmethod
@@ -52,14 +100,14 @@ class Sequences:
         """A two-token sequence without response tokens: a forward/backward pass whose loss and gradient are
         exactly zero, run where another rank has one more micro-batch (``evolrl.training.plan.lockstep``); with
         (zero) sampler log-probs when the sequences it stands in for have them."""
-        ones = torch.ones(1, 2, dtype=torch.long, device=device)
-        nothing = torch.zeros(1, 1, dtype=torch.bool, device=device)
-        return Sequences(ones * 0, ones, response_mask=nothing, advantages=torch.zeros(1, device=device),
-                         sampler_logprobs=torch.zeros(1, 1, device=device) if sampler_logprobs else None)
+        ones = torch.ones(1, 2, dtype=torch.long)
+        nothing = torch.zeros(1, 1, dtype=torch.bool)
+        return Sequences(ones * 0, ones, response_mask=nothing, advantages=torch.zeros(1),
+                         sampler_logprobs=torch.zeros(1, 1) if sampler_logprobs else None).to(device)
 
     def to(self, device: torch.device) -> Sequences:
         tensors = (self.input_ids, self.attention_mask, self.response_mask, self.advantages, self.sampler_logprobs)
-        return Sequences(*(t.to(device) if t is not None else None for t in tensors))
+        return Sequences(*(t.to(device) if t is not None else None for t in tensors), layout=self.layout)
 
 
 def trained_sequences(rollouts: RolloutBatch, advantages: Tensor, pad_id: int) -> Sequences:

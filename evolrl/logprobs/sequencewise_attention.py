@@ -27,6 +27,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from evolrl.logprobs import varlen
+from evolrl.logprobs.autocast import autocast_dtype
 
 SEQUENCEWISE_SDPA = "evolrl_sequencewise_sdpa"
 GPU_BACKENDS: list[SDPBackend] | None = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
@@ -70,8 +71,8 @@ def sequencewise_sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tens
     if packed_lengths is None or kwargs.get("sliding_window") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
     device = query.device.type
-    if torch.is_autocast_enabled(device):  # autocast's cast, once per row instead of once per sequence and tensor
-        dtype = torch.get_autocast_dtype(device)
+    dtype = autocast_dtype(device)
+    if dtype is not None:  # autocast's cast, once per row instead of once per sequence and tensor
         query, key, value = (x.to(dtype) if x.dtype != torch.float64 else x for x in (query, key, value))
     if varlen.available() and not kwargs.get("dropout"):  # one call per row, traceable (varlen.py)
         if not torch.compiler.is_compiling():  # traced, the check would fix the row's length in the graph

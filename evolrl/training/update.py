@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from evolrl.algorithms import MismatchCorrection, mismatch_summary
-from evolrl.distributed import all_reduce, global_sum
+from evolrl.distributed import all_reduce
 from evolrl.logprobs import Sequences, token_stats
 from evolrl.training.batching import Batching
 from evolrl.training.loss import GRPOLoss
@@ -77,7 +77,8 @@ class GRPOUpdate:
         b = self.batching
         if b.max_tokens_per_micro_batch is None:  # the same on every rank: every rank has as many rows
             return micro_batch_plan(len(seqs), b.mini_batch_size, b.micro_batch_size)
-        plan = token_budget_plan(seqs.lengths.tolist(), b.mini_batch_size, budget=b.max_tokens_per_micro_batch,
+        plan = token_budget_plan(seqs.host_layout().lengths.tolist(), b.mini_batch_size,
+                                 budget=b.max_tokens_per_micro_batch,
                                  packed=b.packed)
         return lockstep(plan, seqs.input_ids.device)
 
@@ -106,7 +107,7 @@ class GRPOUpdate:
         if b.max_tokens_per_micro_batch is None:  # every rank has as many rows
             size = b.micro_batch_size * b.no_grad_pass_multiple
             return [rows[i : i + size] for i in range(0, len(rows), size)]
-        lengths = seqs.lengths[rows].tolist()
+        lengths = seqs.host_layout().lengths[rows].tolist()
         (passes,) = token_budget_plan(lengths, mini_batch_size=len(rows), packed=b.packed,
                                       budget=b.max_tokens_per_micro_batch * b.no_grad_pass_multiple)
         (passes,) = lockstep([passes], seqs.input_ids.device)
@@ -161,7 +162,7 @@ class GRPOUpdate:
         for i, (minibatch, rows) in enumerate(zip(plan, minis)):
             # Fixed before the micro-batch loop: accumulation does not change the loss.
             local = self.loss.aggregation.normalizer(seqs.response_mask[rows.start : rows.stop], max_new_tokens)
-            normalizer = global_sum(local.float()) / world_size
+            normalizer = all_reduce(local.float()) / world_size  # stays on the device: no wait
             for j, micro in enumerate(minibatch):
                 sync_gradients(policy, j == len(minibatch) - 1 or self.batching.reduce_every_pass)
                 part = self.micro_batch(seqs, micro)
