@@ -123,6 +123,18 @@ def test_prompts_over_the_length_limit_are_dropped_and_counted(tmp_path, tiny_mo
     assert [p.id for p, _ in data.train_items] == ["0", "1", "2"] and data.dropped_prompts == 1
 
 
+def test_an_evaluation_set_with_every_prompt_over_the_limit_is_a_clear_error(tiny_model):
+    from evolrl.data import AdditionPrompts, EvalSet, Example
+
+    examples = [Example("What is 1 + 1?", "1 + 1 = 2. <answer>2</answer>")] * 8  # worked examples lengthen each prompt
+    data = RolloutDataModule(AdditionPrompts(count=4), model=tiny_model, engine=HFEngine(), prompts_per_step=2,
+                             vote_samples=2, trained_samples=2, max_prompt_tokens=64, system_prompt=None,
+                             examples=examples, eval_sets=[EvalSet(AdditionPrompts(count=2, seed=1), name="held")])
+    with pytest.warns(UserWarning, match="dropped"), pytest.raises(
+            DataError, match="evaluation set 'held': every prompt is longer than max_prompt_tokens=64"):
+        data.setup("validate")
+
+
 def run_cli(tmp_path, monkeypatch, capsys, overrides: dict) -> str:
     monkeypatch.setattr("sys.argv", ["evolrl"])
     path = tmp_path / "override.yaml"

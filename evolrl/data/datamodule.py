@@ -163,6 +163,10 @@ class RolloutDataModule(L.LightningDataModule):
         if stage in ("fit", None) and getattr(reward, "needs_answers", False):  # the module's published reward
             require_answers(self.training_prompts(), who=type(reward).__name__)
         self.eval_items = [self._encode(s.load(), f"evaluation set {s.name!r}")[0] for s in self.eval_sets]
+        for items, eval_set in zip(self.eval_items, self.eval_sets):
+            if not items:
+                raise DataError(f"evaluation set {eval_set.name!r}: every prompt is longer than max_prompt_tokens="
+                                f"{self.max_prompt_tokens}: raise data.max_prompt_tokens")
         rank, world = self._rank_and_world()
         prompts_per_step = self.rollouts.prompts_per_step
         if len(self.train_items) < prompts_per_step * world:
