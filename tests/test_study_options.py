@@ -127,3 +127,45 @@ def test_float32_runs_train_and_sample_in_float32_and_keep_the_rest_of_the_engin
     assert engine["class_path"] == "evolrl.rollout.VLLMEngine"
     assert engine["init_args"]["dtype"] == "float32" and engine["init_args"]["enforce_eager"] is True
     assert study.run_overlay(tmp_path, "evol", 0, smoke=False)["trainer"].get("precision") is None  # off by default
+
+
+def test_a_run_keeps_the_study_callbacks_and_saves_its_latest_checkpoint(tmp_path):
+    """The seed overlay's callbacks replace configs/study.yaml's list, so they repeat it before the checkpoint saver;
+    an unfinished run goes on from the checkpoint with the most steps."""
+    overlay = tmp_path / "seed0.yaml"
+    overlay.write_text(yaml.safe_dump(study.run_overlay(tmp_path, "ttrl", 0, smoke=False)))
+    args = [sys.executable, "-m", "evolrl", "fit", "--print_config"]
+    for config in study.run_configs("addition", "ttrl") + [str(overlay)]:
+        args += ["--config", config]
+    result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False, timeout=600,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    trainer = yaml.safe_load(result.stdout)["trainer"]
+    assert trainer["enable_checkpointing"] is True
+    assert [c["class_path"].rsplit(".", 1)[1] for c in trainer["callbacks"]] == ["PassAtK", "CollapseMonitor",
+                                                                                 "ModelCheckpoint"]
+    saver = trainer["callbacks"][-1]["init_args"]
+    assert saver["dirpath"] == str(tmp_path / "ttrl" / "seed0" / "checkpoints")
+    assert (saver["every_n_train_steps"], saver["save_top_k"]) == (study.CHECKPOINT_EVERY, 1)
+
+    run = tmp_path / "ttrl" / "seed0"
+    assert study.latest_checkpoint(run) is None
+    (run / "checkpoints").mkdir(parents=True)
+    for step in (9, 30, 10):
+        (run / "checkpoints" / f"step={step}.ckpt").write_bytes(b"")
+    assert study.latest_checkpoint(run).name == "step=30.ckpt"
+
+
+def test_study_three_adds_a_novelty_floor_that_a_run_without_novelty_fails():
+    def numbers(novelty):
+        run = {"pass@16 last": 0.6, "entropy last 10": 0.5, "trailing_fraction last 10": 0.0}
+        return run if novelty is None else run | {"novelty_mean last 10": novelty}
+
+    ttrl = {"seed0": {"pass@16 last": 0.3, "entropy last 10": 0.1, "trailing_fraction last 10": 0.0}}
+    rule = study.RULES["III"]
+    rows, shown = study.verdict_rows({"seed0": numbers(0.031)}, ttrl, tail=10, rule=rule)
+    assert shown and rows[0][-1] == (True, True, True, True) and rows[0][6] == 0.031
+    for flat in (0.03, 0.006, None):  # at the floor, Study II's collapsed run's 0.006, never logged
+        rows, shown = study.verdict_rows({"seed0": numbers(flat)}, ttrl, tail=10, rule=rule)
+        assert not shown and rows[0][-1][:3] == (True, True, True) and rows[0][-1][3] is False
+    assert study.verdict_rows({"seed0": numbers(None)}, ttrl, tail=10)[1]  # Study II's rule has no fourth criterion

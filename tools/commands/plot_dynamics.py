@@ -33,7 +33,8 @@ PANELS = (
     ("val/{eval_set}/pass@{k}", "pass@{k} on {eval_set}", "pass@{k}"),
     ("train/response_length", "response length", "tokens"),
     ("train/entropy", "policy entropy", "nats / token"),
-    ("train/trailing_fraction", "text after the final answer", "share of responses"),
+    ("train/trailing_fraction", "text after the first statement of the answer", "share of responses"),
+    ("train/novelty_mean", "novelty (u, before the in-group scaling)", "mean over valid responses"),
 )
 """(tag, title, unit); the pass@k panel only with ``pass_k``, a training curve only where a run logged it."""
 
@@ -67,7 +68,9 @@ def seed_band(points: list[list[tuple[int, float]]]) -> tuple[list[int], list[fl
 
 
 def plot(run_dirs: list[Path], labels: list[str], out: Path, eval_set: str | None = None,
-         pass_k: int | None = None) -> Path:
+         pass_k: int | None = None, every_seed: bool = False) -> Path:
+    """The figure of ``PANELS``: per method (``labels``), the mean of its runs with their min-max band, or with
+    ``every_seed`` each run as its own line in the method's colour."""
     runs = [read_scalars(d) for d in run_dirs]
     eval_set = find_eval_set(runs, eval_set)
     methods: dict[str, list[dict]] = {}
@@ -83,9 +86,14 @@ def plot(run_dirs: list[Path], labels: list[str], out: Path, eval_set: str | Non
         ax.set_xlabel("training step")
         ax.set_ylabel(unit.format(k=pass_k))
         ax.grid(alpha=0.3)
-        for label, seeds in methods.items():
+        for i, (label, seeds) in enumerate(methods.items()):
             logged = [run[tag] for run in seeds if tag in run]
-            if len(logged) == 1:
+            if every_seed:
+                for n, points in enumerate(logged):
+                    steps, values = zip(*points)
+                    ax.plot(steps, values, color=f"C{i}", linewidth=1, marker="o", markersize=2, alpha=0.8,
+                            label=f"{label} ({len(logged)} seeds, one line each)" if n == 0 else None)
+            elif len(logged) == 1:
                 steps, values = zip(*logged[0])
                 ax.plot(steps, values, marker="o", markersize=3, label=label)
             elif logged:

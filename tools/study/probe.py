@@ -64,8 +64,10 @@ def _word(steps: int, max_number: int, system_prompt: str | None) -> dict:
 
 def _chain(examples: list[dict], terms: int, max_operand: int, min_operand: int = 0) -> dict:
     return {"source": {"class_path": "evolrl.data.AdditionPrompts",
-                       "init_args": {"terms": terms, "max_operand": max_operand, "min_operand": min_operand}},
-            "data": {"system_prompt": None, "examples": examples},
+                       # the question alone: an instruction left empty here would keep the demo's (config merge)
+                       "init_args": {"terms": terms, "max_operand": max_operand, "min_operand": min_operand,
+                                     "instruction": ""}},
+            "data": {"system_prompt": None, "examples": examples, "max_prompt_tokens": 512},  # the examples' turns
             "sampling": {"max_new_tokens": 64, "stop": ["</answer>"]}}
 
 

@@ -19,8 +19,10 @@ method's overlay (``METHODS``: none for EVOL-RL, ``configs/demo_ttrl.yaml`` for 
 beside the run with its seed (``seed_everything`` and ``data.seed``: prompt order, trained subsets, sampling) and its
 log directory ``<out>/<method>/seed<S>``. The methods differ only where their overlays say; everything else
 (model, task, steps, learning rate, evaluation) is ``configs/study.yaml`` on top of the demo. A finished run leaves
-``done.json`` (its wall time and the commit it started at); ``run`` skips those and starts an unfinished one again
-from the beginning.
+``done.json`` (its wall time, the commit it started at and each start in ``parts``); ``run`` skips those. A run saves
+its latest checkpoint every ``CHECKPOINT_EVERY`` steps, and ``run`` goes on from there with an unfinished one (from the
+beginning when it saved none). vLLM's CPU build seeds per engine, so a resumed run samples anew from that step: a
+different draw than the uninterrupted run's, as a different seed would be.
 
 ``probe`` measures the untrained model on candidate tasks (``probe.py``).
 
@@ -73,17 +75,41 @@ the word problems of configs/study_reasoning.yaml (Study II's first reasoning ca
 configs/study_chain.yaml (Study III's task, the probe's pick)."""
 EVAL_SET = "heldout"
 FINAL = ("pass@1", "pass@16", "maj@16")
-TRAIN = ("entropy", "response_length", "trailing_fraction", "majority_ratio", "label_accuracy")
+TRAIN = ("entropy", "response_length", "trailing_fraction", "majority_ratio", "label_accuracy", "novelty_mean")
 TIMES = ("step", "reward", "update")
 SAMPLES = "train/samples/text_summary"
 
 
-def fit(configs: list[str], out: Path, env: dict) -> int:
-    """``python -m evolrl fit`` with these configs, its console in ``out/console.log``; the exit code."""
+def fit(configs: list[str], out: Path, env: dict, ckpt_path: Path | None = None) -> int:
+    """``python -m evolrl fit`` with these configs (from ``ckpt_path`` when given), its console appended to
+    ``out/console.log``; the exit code."""
     out.mkdir(parents=True, exist_ok=True)
     args = [sys.executable, "-m", "evolrl", "fit"] + [a for c in configs for a in ("--config", c)]
-    with open(out / "console.log", "w") as log:
+    if ckpt_path is not None:
+        args += ["--ckpt_path", str(ckpt_path)]
+    with open(out / "console.log", "a") as log:
         return subprocess.run(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+
+
+CHECKPOINT_EVERY = 10
+"""A run saves a checkpoint every this many training steps (the latest only) and an interrupted run goes on from
+it: a run takes longer than a working session may last."""
+
+
+def checkpoints(directory: Path) -> dict:
+    """The callbacks of a run saving into ``directory/checkpoints``: configs/study.yaml's, then a ``ModelCheckpoint``
+    keeping the latest of every ``CHECKPOINT_EVERY`` steps (named by its step, the one ``latest_checkpoint`` finds)."""
+    callbacks = yaml.safe_load((ROOT / BASE[1]).read_text())["trainer"]["callbacks"]
+    saver = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+             "init_args": {"dirpath": str(directory / "checkpoints"), "filename": "{step}",
+                           "every_n_train_steps": CHECKPOINT_EVERY, "save_top_k": 1}}
+    return {"enable_checkpointing": True, "callbacks": callbacks + [saver]}
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    """The checkpoint of an unfinished run with the most steps, ``None`` without one."""
+    saved = list((directory / "checkpoints").glob("step=*.ckpt"))
+    return max(saved, key=lambda p: int(p.stem.removeprefix("step="))) if saved else None
 
 
 FLOAT32 = {"trainer": {"precision": "32-true"}, "data": {"engine": {"init_args": {"dtype": "float32"}}}}
@@ -93,12 +119,14 @@ machines do not differ in precision)."""
 
 def run_overlay(out: Path, method: str, seed: int, smoke: bool, steps: int | None = None,
                 float32: bool = False) -> dict:
+    """The seed's overlay of a run in ``out/method/seed<S>``: its seed, logger, checkpoints and ``run``'s options."""
     overlay = {
         "seed_everything": seed,
         "trainer": {"logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
                                "init_args": {"save_dir": str(out), "name": method, "version": f"seed{seed}"}}},
         "data": {"seed": seed},
     }
+    overlay["trainer"] |= checkpoints(out / method / f"seed{seed}")
     if steps is not None:  # a shorter run: evaluated before training, after every third of it and at its end
         overlay["trainer"] |= {"limit_train_batches": steps, "val_check_interval": max(1, steps // 3)}
     if float32:
@@ -131,18 +159,28 @@ def run(a: argparse.Namespace) -> None:
             if (directory / "done.json").exists():
                 print(f"{method} seed {seed}: done already", flush=True)
                 continue
-            if directory.exists():  # an interrupted run: start it again
+            resume = latest_checkpoint(directory)
+            if directory.exists() and resume is None:  # interrupted before its first checkpoint: start it again
                 shutil.rmtree(directory)
-            directory.mkdir(parents=True)
+            directory.mkdir(parents=True, exist_ok=True)
             overlay = directory.parent / f"seed{seed}.yaml"
             overlay.write_text(yaml.safe_dump(run_overlay(out, method, seed=seed, smoke=a.smoke, steps=a.steps,
                                                           float32=a.float32)))
-            made_at, start = commit(), time.perf_counter()  # the code the run starts with
-            code = fit(run_configs(a.task, method) + [str(overlay)], directory, env)
-            seconds = time.perf_counter() - start
+            parts_file = directory / "parts.json"  # each start: the code it ran, where it began, its wall time
+            parts = json.loads(parts_file.read_text()) if resume is not None and parts_file.exists() else []
+            parts.append({"commit": commit(), "from": resume.name if resume else None,
+                          "started": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": None})  # None: interrupted
+            parts_file.write_text(json.dumps(parts, indent=1))
+            start = time.perf_counter()
+            code = fit(run_configs(a.task, method) + [str(overlay)], directory, env, ckpt_path=resume)
+            parts[-1]["seconds"] = time.perf_counter() - start
+            parts_file.write_text(json.dumps(parts, indent=1))
             if code:
                 sys.exit(f"{method} seed {seed} failed (exit {code}); its console: {directory / 'console.log'}")
-            (directory / "done.json").write_text(json.dumps({"seconds": seconds, "commit": made_at}))
+            seconds = sum(p["seconds"] or 0 for p in parts)  # an interrupted part's time is not known
+            (directory / "done.json").write_text(json.dumps({"seconds": seconds, "commit": parts[0]["commit"],
+                                                             "parts": parts}))
+            shutil.rmtree(directory / "checkpoints", ignore_errors=True)  # gigabytes, and the run is done
             print(f"{method} seed {seed}: {seconds / 60:.1f} min", flush=True)
 
 
@@ -178,39 +216,53 @@ def run_numbers(scalars: dict[str, list[tuple[int, float]]], tail: int) -> dict[
     return numbers
 
 
-RULE = {"pass@16 margin": 0.05, "entropy ratio": 2.0, "trailing under": 0.1}
-"""Study II's pre-registered verdict rule (docs/study.md), per seed against TTRL's run of the same seed: held-out
-pass@16 at the last evaluation at least TTRL's + 0.05, training entropy over the last 10 steps at least twice TTRL's,
-trailing fraction over the last 10 steps under 0.1."""
+RULES = {
+    "II": {"pass@16 margin": 0.05, "entropy ratio": 2.0, "trailing under": 0.1},
+    "III": {"pass@16 margin": 0.05, "entropy ratio": 2.0, "trailing under": 0.1, "novelty over": 0.03},
+}
+"""The pre-registered verdict rules (docs/study.md), per seed against TTRL's run of the same seed: held-out pass@16
+at the last evaluation at least TTRL's + the margin, training entropy over the last 10 steps at least the ratio times
+TTRL's, trailing fraction over the last 10 steps under its bound; Study III adds mean novelty (``train/novelty_mean``)
+over the last 10 steps above a floor, so a run whose novelty has nothing left to tell apart cannot pass."""
 
 
-def verdict_rows(arm: dict[str, dict[str, float]], ttrl: dict[str, dict[str, float]], tail: int) -> tuple[list, bool]:
-    """``([(seed, pass@16, TTRL's, entropy, TTRL's, trailing, met (3 bools))], signature shown)`` for the seeds both
-    arms ran (``{seed name: run_numbers}``); the signature is shown when every criterion holds in every seed."""
+def verdict_rows(arm: dict[str, dict[str, float]], ttrl: dict[str, dict[str, float]], tail: int,
+                 rule: dict[str, float] = RULES["II"]) -> tuple[list, bool]:
+    """``([(seed, pass@16, TTRL's, entropy, TTRL's, trailing[, novelty], met (a bool per criterion))], signature
+    shown)`` for the seeds both arms ran (``{seed name: run_numbers}``); the signature is shown when every criterion
+    holds in every seed."""
     rows = []
     for seed in sorted(arm.keys() & ttrl.keys()):
         a, t = arm[seed], ttrl[seed]
         cells = (a["pass@16 last"], t["pass@16 last"], a[f"entropy last {tail}"], t[f"entropy last {tail}"],
                  a[f"trailing_fraction last {tail}"])
-        met = (cells[0] >= cells[1] + RULE["pass@16 margin"], cells[2] >= RULE["entropy ratio"] * cells[3],
-               cells[4] < RULE["trailing under"])
+        met = (cells[0] >= cells[1] + rule["pass@16 margin"], cells[2] >= rule["entropy ratio"] * cells[3],
+               cells[4] < rule["trailing under"])
+        if "novelty over" in rule:
+            novelty = a.get(f"novelty_mean last {tail}", math.nan)  # NaN (never logged) fails the comparison
+            cells, met = (*cells, novelty), (*met, novelty > rule["novelty over"])
         rows.append((seed, *cells, met))
     return rows, bool(rows) and all(all(r[-1]) for r in rows)
 
 
-def verdict(numbers: dict[str, list[dict]], runs: dict[str, list[Path]], arm: str, tail: int) -> None:
-    """Study II's rule applied to ``arm`` against TTRL, seed by seed (``numbers``: each run's ``run_numbers``, in the
-    order of ``runs``)."""
+def verdict(numbers: dict[str, list[dict]], runs: dict[str, list[Path]], arm: str, tail: int, study: str) -> None:
+    """Study ``study``'s rule applied to ``arm`` against TTRL, seed by seed (``numbers``: each run's ``run_numbers``,
+    in the order of ``runs``)."""
+    rule = RULES[study]
     by_seed = {m: {d.name: n for d, n in zip(runs[m], numbers[m])} for m in (arm, "ttrl")}
-    rows, shown = verdict_rows(by_seed[arm], by_seed["ttrl"], tail)
+    rows, shown = verdict_rows(by_seed[arm], by_seed["ttrl"], tail, rule)
     mark = {True: "yes", False: "no"}
-    print(f"Verdict rule (docs/study.md), {METHODS[arm][0]} against TTRL, seed by seed:\n"
-          f"| seed | pass@16 | TTRL pass@16 | (1) >= TTRL + {RULE['pass@16 margin']} | entropy last {tail} | TTRL "
-          f"entropy | (2) >= {RULE['entropy ratio']:g} x TTRL | trailing last {tail} | (3) < {RULE['trailing under']} |\n"
-          + "|---" * 9 + "|")
-    for seed, p, tp, e, te, tr, met in rows:
+    novelty = "novelty over" in rule
+    extra = f" novelty last {tail} | (4) > {rule['novelty over']} |" if novelty else ""
+    print(f"Verdict rule of Study {study} (docs/study.md), {METHODS[arm][0]} against TTRL, seed by seed:\n"
+          f"| seed | pass@16 | TTRL pass@16 | (1) >= TTRL + {rule['pass@16 margin']} | entropy last {tail} | TTRL "
+          f"entropy | (2) >= {rule['entropy ratio']:g} x TTRL | trailing last {tail} | (3) < {rule['trailing under']} |"
+          f"{extra}\n" + "|---" * (11 if novelty else 9) + "|")
+    for seed, p, tp, e, te, tr, *rest in rows:
+        met = rest[-1]
+        cells = f" {rest[0]:.3f} | {mark[met[3]]} |" if novelty else ""
         print(f"| {seed} | {p:.3f} | {tp:.3f} | {mark[met[0]]} | {e:.3f} | {te:.3f} (x{e / te:.2f}) | {mark[met[1]]} "
-              f"| {tr:.3f} | {mark[met[2]]} |")
+              f"| {tr:.3f} | {mark[met[2]]} |{cells}")
     print(f"signature shown (every criterion in every seed): {mark[shown]}")
 
 
@@ -274,7 +326,7 @@ def summary(a: argparse.Namespace) -> None:
     runs = {m: sorted(p.parent for p in (out / m).glob("seed*/done.json")) for m in a.methods}
     scalars = {m: [read_scalars(d) for d in dirs] for m, dirs in runs.items()}
     numbers = {m: [run_numbers(s, a.tail) for s in runs_] for m, runs_ in scalars.items()}
-    keys = [k for k in numbers[a.methods[0]][0]] if numbers[a.methods[0]] else []
+    keys = list(dict.fromkeys(k for m in a.methods for n in numbers[m] for k in n))  # any method's, in order
     print(f"| metric | {' | '.join(f'{METHODS[m][0]} ({len(runs[m])} seeds)' for m in a.methods)} |")
     print("|---" * (len(a.methods) + 1) + "|")
     for key in keys:
@@ -285,7 +337,7 @@ def summary(a: argparse.Namespace) -> None:
     per_run(scalars, runs, a.tail)
     print()
     if {"ttrl", "evol_until"} <= set(a.methods):
-        verdict(numbers, runs, "evol_until", a.tail)
+        verdict(numbers, runs, "evol_until", a.tail, a.rule)
         print()
     evaluations(scalars, a.methods)
     print()
@@ -294,7 +346,7 @@ def summary(a: argparse.Namespace) -> None:
         if runs[m]:
             print(f"\n{METHODS[m][0]}, {runs[m][0].name}, the last sampled responses logged, {last_samples(runs[m][0])}")
     figure = plot([d for m in a.methods for d in runs[m]], [METHODS[m][0] for m in a.methods for _ in runs[m]],
-                  out=Path(a.figure), eval_set=EVAL_SET, pass_k=16)
+                  out=Path(a.figure), eval_set=EVAL_SET, pass_k=16, every_seed=a.every_seed)
     print(f"figure: {figure}")
 
 
@@ -319,6 +371,9 @@ def main() -> None:
                    help="run: train and sample in float32 on any CPU (Study II), not the demo's bf16")
     p.add_argument("--tail", type=int, default=10, help="summary: training curves averaged over this many steps")
     p.add_argument("--figure", default="docs/study.png", help="summary: where the figure goes")
+    p.add_argument("--every-seed", action="store_true", help="summary: the figure draws each run, not the mean")
+    p.add_argument("--rule", choices=list(RULES), default="II",
+                   help="summary: the study whose verdict rule applies (RULES; docs/study.md)")
     p.add_argument("--groups", help="rewards: recorded groups, JSON [{question, texts}]")
     p.add_argument("--sample", type=int, default=0, help="rewards: also sample this many groups from the base model")
     p.add_argument("--save", help="rewards: write the sampled groups here (JSON, for --groups)")
