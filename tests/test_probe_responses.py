@@ -106,3 +106,17 @@ def test_marked_counts_answers_in_a_box_or_marker(tokenizer):
     m = response_measures(rows, tokenizer)
     assert m["marked"] == pytest.approx(2 / 4) and m["answered"] == 1.0
     assert m["ways to majority"] == 3  # "11 + 4 =" twice (marker or not), "so", nothing
+
+
+def test_every_worked_example_of_the_probe_adds_up():
+    """Each step "a + b = c." of every chained-sum example is right, and its marker holds the question's sum."""
+    import re
+
+    from tools.study.probe import REASONING
+
+    for name, task in REASONING["chain"].items():
+        for example in task["data"]["examples"]:
+            numbers = [int(n) for n in re.findall(r"\d+", example["question"])]
+            steps = re.findall(r"(\d+) \+ (\d+) = (\d+)\.", example["response"])
+            assert steps and all(int(a) + int(b) == int(c) for a, b, c in steps), (name, example)
+            assert extract_answer(example["response"]) == str(sum(numbers)), (name, example)

@@ -56,6 +56,13 @@ def tens_then_ones(a: int, b: int) -> dict:
             "response": f"{a} + {tens} = {a + tens}. {a + tens} + {ones} = {a + b}. <answer>{a + b}</answer>"}
 
 
+def shown(question_numbers: tuple[int, ...], steps: str) -> dict:
+    """A worked example of a chained sum written out as ``steps`` (an order of its own), then the answer marker."""
+    total = sum(question_numbers)
+    return {"question": f"What is {' + '.join(map(str, question_numbers))}?",
+            "response": f"{steps} <answer>{total}</answer>"}
+
+
 def _word(steps: int, max_number: int, system_prompt: str | None) -> dict:
     return {"source": {"class_path": "evolrl.data.WordProblems",
                        "init_args": {"steps": steps, "max_number": max_number, "instruction": "Think step by step."}},
@@ -73,6 +80,14 @@ def _chain(examples: list[dict], terms: int, max_operand: int, min_operand: int 
 
 STEP_BY_STEP = "Solve the problem step by step. Then write the final answer as a number."
 THREE = [worked(3, 8, 4), worked(7, 2, 9), worked(5, 6, 1), worked(9, 4, 7)]
+ORDERS_3 = [shown((3, 8, 4), "3 + 8 = 11. 11 + 4 = 15."),  # left to right
+            shown((7, 2, 9), "2 + 9 = 11. 11 + 7 = 18."),  # the last two first
+            shown((5, 6, 1), "5 + 1 = 6. 6 + 6 = 12."),  # the first and the last first
+            shown((4, 7, 9), "7 + 9 = 16. 16 + 4 = 20.")]  # the two largest first
+ORDERS_4 = [shown((3, 8, 4, 6), "3 + 8 = 11. 11 + 4 = 15. 15 + 6 = 21."),  # left to right
+            shown((7, 2, 9, 5), "7 + 2 = 9. 9 + 5 = 14. 9 + 14 = 23."),  # in pairs
+            shown((5, 6, 1, 8), "1 + 8 = 9. 6 + 9 = 15. 5 + 15 = 20."),  # right to left
+            shown((4, 9, 2, 7), "9 + 7 = 16. 16 + 4 = 20. 20 + 2 = 22.")]  # the largest first
 REASONING = {
     "word": {
         "2 steps, 1-9, step-by-step system prompt": _word(2, 9, STEP_BY_STEP),
@@ -91,6 +106,9 @@ REASONING = {
         "3 terms, 10-29, four worked examples": _chain(
             [worked(12, 25, 17), worked(21, 14, 28), worked(16, 23, 11), worked(27, 19, 24)],
             terms=3, max_operand=29, min_operand=10),
+        # The second round (docs/study.md): the same tasks, each example adding in an order of its own.
+        "3 terms, 0-9, four worked examples in different orders": _chain(ORDERS_3, terms=3, max_operand=9),
+        "4 terms, 0-9, four worked examples in different orders": _chain(ORDERS_4, terms=4, max_operand=9),
     },
 }
 """Candidate reasoning tasks of ``probe --task word|chain``: each a prompt source, data settings (the system prompt,
