@@ -22,6 +22,8 @@ def test_a_run_keeps_the_study_length_unless_steps_are_given():
     short = study.run_overlay(Path("runs/x"), "evol", 0, smoke=False, steps=12)
     assert short["trainer"]["limit_train_batches"] == 12 and short["trainer"]["val_check_interval"] == 4
     assert study.run_overlay(Path("runs/x"), "evol", 0, smoke=False, steps=2)["trainer"]["val_check_interval"] == 1
+    assert "model" not in overlay  # configs/demo.yaml's learning rate unless one is given
+    assert study.run_overlay(Path("runs/x"), "evol", 0, smoke=False, lr=2e-6)["model"] == {"optim": {"lr": 2e-6}}
 
 
 def test_steps_below_one_fail_at_start_naming_the_value():
@@ -169,3 +171,25 @@ def test_study_three_adds_a_novelty_floor_that_a_run_without_novelty_fails():
         rows, shown = study.verdict_rows({"seed0": numbers(flat)}, ttrl, tail=10, rule=rule)
         assert not shown and rows[0][-1][:3] == (True, True, True) and rows[0][-1][3] is False
     assert study.verdict_rows({"seed0": numbers(None)}, ttrl, tail=10)[1]  # Study II's rule has no fourth criterion
+
+
+def test_the_chain_task_resolves_to_the_probed_candidate():
+    """configs/study_chain.yaml, as the CLI composes it for a run, is the candidate the probe picked: its examples,
+    bare questions (no instruction kept from configs/study.yaml), the stop string in both samplings."""
+    from tools.study.probe import ORDERS_3, REASONING
+
+    picked = REASONING["chain"]["3 terms, 0-9, four worked examples in different orders"]
+    args = [sys.executable, "-m", "evolrl", "fit", "--print_config"]
+    for config in study.run_configs("chain", "ttrl"):
+        args += ["--config", config]
+    result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False, timeout=600,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = yaml.safe_load(result.stdout)["data"]
+    assert data["examples"] == ORDERS_3 == picked["data"]["examples"]
+    for source in (data["train"], data["eval_sets"][0]["init_args"]["source"]):
+        assert source["class_path"] == "evolrl.data.AdditionPrompts"
+        assert {k: source["init_args"][k] for k in ("terms", "max_operand", "min_operand", "instruction")} == {
+            "terms": 3, "max_operand": 9, "min_operand": 0, "instruction": ""}
+    for sampling in (data["sampling"], data["eval_sampling"]):
+        assert sampling["stop"] == ["</answer>"] and sampling["max_new_tokens"] == picked["sampling"]["max_new_tokens"]

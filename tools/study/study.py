@@ -6,7 +6,9 @@
     python -m tools.study.study run --smoke    # 2 training steps of each method, one seed, one evaluation batch (CI)
     python -m tools.study.study rewards        # what each reward pays a clean answer vs one with trailing text (1 min)
     python -m tools.study.study probe --task chain  # the base model on chained sums it works out step by step
-    python -m tools.study.study run --task chain --methods ttrl evol_until --float32 --out results/study3   # Study III
+    python -m tools.study.study run --task chain --methods ttrl evol_until --float32 --seeds 7 \
+        --out results/study3_pilot     # Study III's pilot pair; then its runs (docs/study.md):
+    python -m tools.study.study run --task chain --methods ttrl evol_until --float32 --out results/study3
     python -m tools.study.study probe --task word   # the base model on word problems with room to reason
     python -m tools.study.study run --task word     # the same runs on the word problems (configs/study_reasoning.yaml)
     python -m tools.study.study run --methods ttrl ttrl_clip_entropy evol evol_until --float32 --out results/study2
@@ -118,7 +120,7 @@ machines do not differ in precision)."""
 
 
 def run_overlay(out: Path, method: str, seed: int, smoke: bool, steps: int | None = None,
-                float32: bool = False) -> dict:
+                float32: bool = False, lr: float | None = None) -> dict:
     """The seed's overlay of a run in ``out/method/seed<S>``: its seed, logger, checkpoints and ``run``'s options."""
     overlay = {
         "seed_everything": seed,
@@ -129,6 +131,8 @@ def run_overlay(out: Path, method: str, seed: int, smoke: bool, steps: int | Non
     overlay["trainer"] |= checkpoints(out / method / f"seed{seed}")
     if steps is not None:  # a shorter run: evaluated before training, after every third of it and at its end
         overlay["trainer"] |= {"limit_train_batches": steps, "val_check_interval": max(1, steps // 3)}
+    if lr is not None:  # a study's declared learning rate (Study III: from its pilot pair)
+        overlay["model"] = {"optim": {"lr": lr}}
     if float32:
         overlay["trainer"] |= FLOAT32["trainer"]
         overlay["data"] |= FLOAT32["data"]
@@ -165,7 +169,7 @@ def run(a: argparse.Namespace) -> None:
             directory.mkdir(parents=True, exist_ok=True)
             overlay = directory.parent / f"seed{seed}.yaml"
             overlay.write_text(yaml.safe_dump(run_overlay(out, method, seed=seed, smoke=a.smoke, steps=a.steps,
-                                                          float32=a.float32)))
+                                                          float32=a.float32, lr=a.lr)))
             parts_file = directory / "parts.json"  # each start: the code it ran, where it began, its wall time
             parts = json.loads(parts_file.read_text()) if resume is not None and parts_file.exists() else []
             parts.append({"commit": commit(), "from": resume.name if resume else None,
@@ -367,6 +371,7 @@ def main() -> None:
                                  "runs/study_chain (--task chain)")
     p.add_argument("--smoke", action="store_true", help="run: 2 steps, one evaluation batch")
     p.add_argument("--steps", type=int, help="run: this many training steps instead of configs/study.yaml's 80")
+    p.add_argument("--lr", type=float, help="run: this learning rate instead of configs/demo.yaml's 1e-5")
     p.add_argument("--float32", action="store_true",
                    help="run: train and sample in float32 on any CPU (Study II), not the demo's bf16")
     p.add_argument("--tail", type=int, default=10, help="summary: training curves averaged over this many steps")
@@ -395,6 +400,8 @@ def main() -> None:
     if a.candidates and (a.task == "addition" or any(not 0 <= i < count for i in a.candidates)):
         p.error(f"--candidates {a.candidates}: with --task word or chain, each is 0 to {max(count - 1, 0)} "
                 "(probe.REASONING)")
+    if a.lr is not None and not 0 < a.lr < 1:
+        p.error(f"--lr {a.lr}: a learning rate between 0 and 1")
     if a.steps is not None and a.steps < 1:
         p.error(f"--steps {a.steps}: a run needs at least 1 training step")
     {"probe": probe, "run": run, "summary": summary, "rewards": rewards}[a.command](a)
