@@ -163,6 +163,13 @@ def test_no_answer_has_no_span_and_no_trailing_text():
         # The restatement leak: text after the first statement of the graded answer is neither embedded nor clean.
         ("15 + 21 = 36 So, 15 + 21 = 36.", "15 + 21 = ", True),
         ("25 + 25 is 50. So, the final answer is 50.", "25 + 25 is ", True),
+        ("11 + 25 is equal to 36. So, the final answer is 36.", "11 + 25 is equal to ", True),  # words after "is"
+        ("15 + 29 is actually 44, so your final answer is 44.", "15 + 29 is actually ", True),
+        ("15 + 11 is calculated to be 26.", "15 + 11 is calculated to be ", False),
+        ("the answer to 5 + 1 is 6", "the answer to 5 + 1 is ", False),  # "to 5 + 1": an operand, not a result
+        ("19  So, indeed, 9 + 11 = 19.", "", True),  # a response that opens with its answer states it there
+        ("9 + 11 = 19", "9 + 11 = ", False),  # ... but not one that opens with an operand
+        ("We add 14 to 9, which results in 23. So 23.", "We add 14 to 9, which results in ", True),
         ("0 + 36 = 36", "0 + 36 = ", False),  # the first 36 is an operand, not a statement
         ("36 + 0 = 36, answer: 36", "36 + 0 = ", True),
         (r"15 + 21 = \boxed{36}. The answer is \boxed{36}.", "15 + 21 = ", True),

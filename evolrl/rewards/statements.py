@@ -12,10 +12,15 @@ import re
 
 from evolrl.rewards.answers import NUMBER_TEXT, AnswerSpan, answer_boxes, answer_offset
 
-# A statement of a result: a number after "=", "is", "equals" or an answer marker ("answer:", "the answer is",
-# "<answer>"), that no operator continues. "0 + 36 = 36" states 36 once, at its end: the first 36 is an operand.
-_STATED = re.compile(r"(?:=|\b(?:is|equals|answer)\b[\s:]*(?:is\b)?|<answer>)[\s$*:]*(" + NUMBER_TEXT
-                     + r")(?!\d|[.,]\d)(?!\s*[-+*/^×÷])", re.IGNORECASE)
+# A statement of a result: a number after "=", "is", "equals", "results in" or an answer marker ("answer:", "the
+# answer is", "<answer>"), or opening the response ("19 So, indeed, 9 + 11 = 19."), with a few words that only qualify
+# the verb in between ("is equal to 36", "is actually 44", "is calculated to be 26"), that no operator continues.
+# "0 + 36 = 36" states 36 once, at its end: the first 36 is an operand.
+_QUALIFIERS = (r"(?:\s+(?:equal|to|actually|indeed|exactly|just|simply|now|therefore|calculated|be|the|final|result"
+               r"|sum|total))*")
+STATED = re.compile(r"(?:^\s*|=|\b(?:is|equals|answer|results\s+in)\b" + _QUALIFIERS
+                    + r"[\s:]*(?:is\b)?|<answer>)[\s$*:]*(" + NUMBER_TEXT + r")(?!\d|[.,]\d)(?!\s*[-+*/^×÷])", re.IGNORECASE)
+"""A statement of a result; group 1 is the number stated."""
 
 
 def first_statement(text: str, span: AnswerSpan) -> AnswerSpan:
@@ -25,7 +30,7 @@ def first_statement(text: str, span: AnswerSpan) -> AnswerSpan:
     offset = answer_offset(text)
     part = text[offset:]
     stated = [(s, e, c) for s, e, c in answer_boxes(part)] + [(m.start(1), m.end(1), m.group(1))
-                                                              for m in _STATED.finditer(part)]
+                                                              for m in STATED.finditer(part)]
     for start, end, said in sorted(stated):
         if offset + start > span.start:
             break

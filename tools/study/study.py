@@ -5,6 +5,7 @@
     python -m tools.study.study summary        # the table at the last evaluation (mean +- sd) and docs/study.png
     python -m tools.study.study run --smoke    # 2 training steps of each method, one seed, one evaluation batch (CI)
     python -m tools.study.study rewards        # what each reward pays a clean answer vs one with trailing text (1 min)
+    python -m tools.study.study leak --out results/study2   # Study II's restatement leak, from its logged responses
     python -m tools.study.study probe --task chain  # the base model on chained sums it works out step by step
     python -m tools.study.study run --task chain --methods ttrl evol_until --float32 --seeds 7 \
         --out results/study3_pilot     # Study III's pilot pair; then its runs (docs/study.md):
@@ -354,6 +355,13 @@ def summary(a: argparse.Namespace) -> None:
     print(f"figure: {figure}")
 
 
+def leak(a: argparse.Namespace) -> None:
+    """Study II's restatement leak from its records (``leak.py``): ``--out results/study2``."""
+    from tools.study.leak import report
+
+    print(report(Path(a.out), "evol_until", a.tail))
+
+
 def rewards(a: argparse.Namespace) -> None:
     """The reward-shape report of ``reward_shape.py``."""
     from tools.study.reward_shape import report
@@ -364,7 +372,7 @@ def rewards(a: argparse.Namespace) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m tools.study.study",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["probe", "run", "summary", "rewards"])
+    p.add_argument("command", choices=["probe", "run", "summary", "rewards", "leak"])
     p.add_argument("--methods", nargs="+", default=["evol", "ttrl"], choices=list(METHODS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--out", help="where the runs go; default runs/study, runs/study_reasoning (--task word) or "
@@ -404,7 +412,7 @@ def main() -> None:
         p.error(f"--lr {a.lr}: a learning rate between 0 and 1")
     if a.steps is not None and a.steps < 1:
         p.error(f"--steps {a.steps}: a run needs at least 1 training step")
-    {"probe": probe, "run": run, "summary": summary, "rewards": rewards}[a.command](a)
+    {"probe": probe, "run": run, "summary": summary, "rewards": rewards, "leak": leak}[a.command](a)
 
 
 if __name__ == "__main__":
