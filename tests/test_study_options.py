@@ -193,3 +193,21 @@ def test_the_chain_task_resolves_to_the_probed_candidate():
             "terms": 3, "max_operand": 9, "min_operand": 0, "instruction": ""}
     for sampling in (data["sampling"], data["eval_sampling"]):
         assert sampling["stop"] == ["</answer>"] and sampling["max_new_tokens"] == picked["sampling"]["max_new_tokens"]
+
+
+def test_an_interrupted_start_counts_up_to_the_checkpoint_the_next_goes_on_from(tmp_path):
+    import json
+    import time
+
+    parts_file = tmp_path / "parts.json"
+    first = study.new_start(parts_file, resume=None)
+    assert len(first) == 1 and first[0]["seconds"] is None and first[0]["from"] is None
+    checkpoint = tmp_path / "step=20.ckpt"
+    checkpoint.write_bytes(b"")
+    started = time.mktime(time.strptime(first[0]["started"], study.STARTED))
+    os.utime(checkpoint, (started + 600, started + 600))  # saved 10 minutes after the first start
+    parts = study.new_start(parts_file, resume=checkpoint)
+    assert parts[0]["seconds"] == 600 and parts[0]["until"] == "step=20.ckpt"
+    assert parts[1]["from"] == "step=20.ckpt" and parts[1]["seconds"] is None
+    assert json.loads(parts_file.read_text()) == parts
+    assert len(study.new_start(parts_file, resume=None)) == 1  # started again from the beginning: a new record

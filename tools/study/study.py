@@ -22,7 +22,8 @@ method's overlay (``METHODS``: none for EVOL-RL, ``configs/demo_ttrl.yaml`` for 
 beside the run with its seed (``seed_everything`` and ``data.seed``: prompt order, trained subsets, sampling) and its
 log directory ``<out>/<method>/seed<S>``. The methods differ only where their overlays say; everything else
 (model, task, steps, learning rate, evaluation) is ``configs/study.yaml`` on top of the demo. A finished run leaves
-``done.json`` (its wall time, the commit it started at and each start in ``parts``); ``run`` skips those. A run saves
+``done.json`` (its wall time, the commit it started at and each start in ``parts``, an interrupted one counted up to
+the checkpoint the next start went on from); ``run`` skips those. A run saves
 its latest checkpoint every ``CHECKPOINT_EVERY`` steps, and ``run`` goes on from there with an unfinished one (from the
 beginning when it saved none). vLLM's CPU build seeds per engine, so a resumed run samples anew from that step: a
 different draw than the uninterrupted run's, as a different seed would be.
@@ -155,6 +156,23 @@ def commit() -> str:
     return (head.stdout.strip() or "unknown") + ("+changes" if dirty.stdout.strip() else "")
 
 
+STARTED = "%Y-%m-%d %H:%M:%S"
+
+
+def new_start(parts_file: Path, resume: Path | None) -> list[dict]:
+    """The run's starts (``parts.json``: each start's commit, the checkpoint it went on from, when it started, its
+    wall time), with a new one written (its time ``None`` until it ends). A start interrupted before it ended is
+    counted up to the checkpoint this one goes on from (what came after that is done again)."""
+    parts = json.loads(parts_file.read_text()) if resume is not None and parts_file.exists() else []
+    if parts and parts[-1]["seconds"] is None:
+        parts[-1]["seconds"] = resume.stat().st_mtime - time.mktime(time.strptime(parts[-1]["started"], STARTED))
+        parts[-1]["until"] = resume.name
+    parts.append({"commit": commit(), "from": resume.name if resume else None, "started": time.strftime(STARTED),
+                  "seconds": None})
+    parts_file.write_text(json.dumps(parts, indent=1))
+    return parts
+
+
 def run(a: argparse.Namespace) -> None:
     out = Path(a.out)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -171,18 +189,15 @@ def run(a: argparse.Namespace) -> None:
             overlay = directory.parent / f"seed{seed}.yaml"
             overlay.write_text(yaml.safe_dump(run_overlay(out, method, seed=seed, smoke=a.smoke, steps=a.steps,
                                                           float32=a.float32, lr=a.lr)))
-            parts_file = directory / "parts.json"  # each start: the code it ran, where it began, its wall time
-            parts = json.loads(parts_file.read_text()) if resume is not None and parts_file.exists() else []
-            parts.append({"commit": commit(), "from": resume.name if resume else None,
-                          "started": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": None})  # None: interrupted
-            parts_file.write_text(json.dumps(parts, indent=1))
+            parts_file = directory / "parts.json"
+            parts = new_start(parts_file, resume)
             start = time.perf_counter()
             code = fit(run_configs(a.task, method) + [str(overlay)], directory, env, ckpt_path=resume)
             parts[-1]["seconds"] = time.perf_counter() - start
             parts_file.write_text(json.dumps(parts, indent=1))
             if code:
                 sys.exit(f"{method} seed {seed} failed (exit {code}); its console: {directory / 'console.log'}")
-            seconds = sum(p["seconds"] or 0 for p in parts)  # an interrupted part's time is not known
+            seconds = sum(p["seconds"] for p in parts)  # each interrupted start counted up to the checkpoint used
             (directory / "done.json").write_text(json.dumps({"seconds": seconds, "commit": parts[0]["commit"],
                                                              "parts": parts}))
             shutil.rmtree(directory / "checkpoints", ignore_errors=True)  # gigabytes, and the run is done
