@@ -14,6 +14,17 @@ from tools.study import study
 ROOT = Path(__file__).parent.parent
 
 
+def resolved(configs: list[str]) -> dict:
+    """The whole config ``python -m evolrl fit`` composes from ``configs`` (its ``--print_config``)."""
+    args = [sys.executable, "-m", "evolrl", "fit", "--print_config"]
+    for config in configs:
+        args += ["--config", config]
+    result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False, timeout=600,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return yaml.safe_load(result.stdout)
+
+
 def test_a_run_keeps_the_study_length_unless_steps_are_given():
     overlay = study.run_overlay(Path("runs/x"), "ttrl", 2, smoke=False)
     assert "limit_train_batches" not in overlay["trainer"]  # configs/study.yaml's 80 steps apply
@@ -69,14 +80,7 @@ def test_the_reasoning_config_parses_on_top_of_the_study():
     """The CLI resolves the three files; the word-problem sources it names build and differ only by seed."""
     from evolrl.data import WordProblems
 
-    root = ROOT
-    args = [sys.executable, "-m", "evolrl", "fit", "--print_config"]
-    for config in study.run_configs("word", "ttrl"):
-        args += ["--config", config]
-    result = subprocess.run(args, cwd=root, capture_output=True, text=True, check=False, timeout=600,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    config = yaml.safe_load(result.stdout)
+    config = resolved(study.run_configs("word", "ttrl"))
     train, held_out = config["data"]["train"], config["data"]["eval_sets"][0]["init_args"]["source"]
     assert train["class_path"] == held_out["class_path"] == "evolrl.data.WordProblems"
     assert config["data"]["sampling"]["max_new_tokens"] >= 128 and config["data"]["system_prompt"]
@@ -90,21 +94,15 @@ def test_the_reasoning_config_parses_on_top_of_the_study():
 def test_the_study_ii_arms_differ_only_where_the_preregistration_says():
     """The four arms of docs/study.md's Study II, as the CLI resolves them on the addition task."""
 
-    def resolved(method: str) -> dict:
-        args = [sys.executable, "-m", "evolrl", "fit", "--print_config"]
-        for config in study.run_configs("addition", method):
-            args += ["--config", config]
-        result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False,
-                                timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        assert result.returncode == 0, result.stderr[-3000:]
-        config = yaml.safe_load(result.stdout)["model"]
+    def arm(method: str) -> dict:
+        config = resolved(study.run_configs("addition", method))["model"]
         reward = config["reward"]
         novelty = (reward["init_args"].get("novelty") or {}).get("init_args", {}).get("novelty_text")
         return {"reward": reward["class_path"].rsplit(".", 1)[1], "novelty_text": novelty,
                 "clip": tuple(config["loss"]["policy_loss"]["init_args"][k] for k in ("clip_low", "clip_high")),
                 "entropy_coef": config["loss"]["entropy_coef"]}
 
-    arms = {m: resolved(m) for m in ("ttrl", "ttrl_clip_entropy", "evol", "evol_until")}
+    arms = {m: arm(m) for m in ("ttrl", "ttrl_clip_entropy", "evol", "evol_until")}
     assert arms["ttrl"] == {"reward": "MajorityVoteReward", "novelty_text": None, "clip": (0.2, 0.2),
                             "entropy_coef": 0.0}
     assert arms["ttrl_clip_entropy"] == {**arms["ttrl"], "clip": (0.2, 0.28), "entropy_coef": 0.003}
@@ -117,13 +115,7 @@ def test_float32_runs_train_and_sample_in_float32_and_keep_the_rest_of_the_engin
     """Study II's ``--float32``: the seed overlay sets both dtypes; the engine keeps its class and other settings."""
     overlay = tmp_path / "seed0.yaml"
     overlay.write_text(yaml.safe_dump(study.run_overlay(tmp_path, "evol_until", 0, smoke=False, float32=True)))
-    args = [sys.executable, "-m", "evolrl", "fit", "--print_config"]
-    for config in study.run_configs("addition", "evol_until") + [str(overlay)]:
-        args += ["--config", config]
-    result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False, timeout=600,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    config = yaml.safe_load(result.stdout)
+    config = resolved(study.run_configs("addition", "evol_until") + [str(overlay)])
     assert config["trainer"]["precision"] == "32-true"
     engine = config["data"]["engine"]
     assert engine["class_path"] == "evolrl.rollout.VLLMEngine"
@@ -136,13 +128,7 @@ def test_a_run_keeps_the_study_callbacks_and_saves_its_latest_checkpoint(tmp_pat
     an unfinished run goes on from the checkpoint with the most steps."""
     overlay = tmp_path / "seed0.yaml"
     overlay.write_text(yaml.safe_dump(study.run_overlay(tmp_path, "ttrl", 0, smoke=False)))
-    args = [sys.executable, "-m", "evolrl", "fit", "--print_config"]
-    for config in study.run_configs("addition", "ttrl") + [str(overlay)]:
-        args += ["--config", config]
-    result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False, timeout=600,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    trainer = yaml.safe_load(result.stdout)["trainer"]
+    trainer = resolved(study.run_configs("addition", "ttrl") + [str(overlay)])["trainer"]
     assert trainer["enable_checkpointing"] is True
     assert [c["class_path"].rsplit(".", 1)[1] for c in trainer["callbacks"]] == ["PassAtK", "CollapseMonitor",
                                                                                  "ModelCheckpoint"]
@@ -179,13 +165,7 @@ def test_the_chain_task_resolves_to_the_probed_candidate():
     from tools.study.probe import ORDERS_3, REASONING
 
     picked = REASONING["chain"]["3 terms, 0-9, four worked examples in different orders"]
-    args = [sys.executable, "-m", "evolrl", "fit", "--print_config"]
-    for config in study.run_configs("chain", "ttrl"):
-        args += ["--config", config]
-    result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False, timeout=600,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    data = yaml.safe_load(result.stdout)["data"]
+    data = resolved(study.run_configs("chain", "ttrl"))["data"]
     assert data["examples"] == ORDERS_3 == picked["data"]["examples"]
     for source in (data["train"], data["eval_sets"][0]["init_args"]["source"]):
         assert source["class_path"] == "evolrl.data.AdditionPrompts"
