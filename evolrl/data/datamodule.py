@@ -186,8 +186,8 @@ class RolloutDataModule(L.LightningDataModule):
 
     def _encode(self, prompts: list[Prompt], what: str) -> tuple[list[tuple[Prompt, tuple[int, ...]]], int]:
         """Rendered, tokenized prompts within ``max_prompt_tokens``, and how many were dropped (with a warning)."""
-        encoded = [(p, tuple(render_prompt(self.tokenizer, p.question, self.system_prompt,
-                                                       self.examples))) for p in prompts]
+        encoded = [(p, tuple(render_prompt(self.tokenizer, p.question, self.system_prompt, self.examples)))
+                   for p in prompts]
         kept = [(p, ids) for p, ids in encoded if len(ids) <= self.max_prompt_tokens]
         dropped = len(encoded) - len(kept)
         if dropped:

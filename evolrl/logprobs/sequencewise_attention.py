@@ -28,6 +28,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from evolrl.logprobs import varlen
 from evolrl.logprobs.autocast import autocast_dtype
+from evolrl.logprobs.sequences import to_device
 
 SEQUENCEWISE_SDPA = "evolrl_sequencewise_sdpa"
 GPU_BACKENDS: list[SDPBackend] | None = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
@@ -52,8 +53,7 @@ class PackedLengths:
         self.lengths = [int(n) for n in lengths]
         self.max_len = max(self.lengths)
         bounds = torch.tensor([0, *self.lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
-        on_gpu = device is not None and device.type == "cuda"
-        self.cu_seqlens = bounds.pin_memory().to(device, non_blocking=True) if on_gpu else bounds.to(device)
+        self.cu_seqlens = bounds if device is None else to_device(bounds, torch.device(device))
         """The row's cumulative lengths ``[N + 1]`` int32 on ``device`` (the varlen op's): built once per pass on the
         host, before the forward, copied without blocking, read by every layer."""
 

@@ -78,8 +78,7 @@ class GRPOUpdate:
         if b.max_tokens_per_micro_batch is None:  # the same on every rank: every rank has as many rows
             return micro_batch_plan(len(seqs), b.mini_batch_size, b.micro_batch_size)
         plan = token_budget_plan(seqs.host_layout().lengths.tolist(), b.mini_batch_size,
-                                 budget=b.max_tokens_per_micro_batch,
-                                 packed=b.packed)
+                                 budget=b.max_tokens_per_micro_batch, packed=b.packed)
         return lockstep(plan, seqs.input_ids.device)
 
     def optimizer_steps(self, sequences_per_step: int) -> int:
