@@ -35,7 +35,7 @@ _NUMBER = re.compile(NUMBER_TEXT)
 # "= N" where N is a whole number (no digit may follow, so the match cannot stop inside one) that no operator
 # continues: the result of an equation, not the start of another expression ("= 10 + 10 = 20" reads 20).
 _RESULT = re.compile(r"=[\s$*]*(" + NUMBER_TEXT + r")(?!\d|[.,]\d)(?!\s*[-+*/^×÷])")
-_WORD = re.compile(r"[^\W_]")  # a letter or digit: what makes text after the answer "trailing text"
+WORD = re.compile(r"[^\W_]")  # a letter or digit: what makes text after the answer "trailing text"
 _CLOSING = re.compile(r"\s*</\w+>")
 
 
@@ -165,7 +165,7 @@ def has_trailing_text(text: str, span: AnswerSpan | None, graded: AnswerSpan | N
     if graded is not None and graded.start >= span.end:
         rest = text[span.end : graded.start] + text[graded.end :]
     closing = _CLOSING.match(rest)  # the answer marker's own closing tag is not more text
-    return _WORD.search(rest, closing.end() if closing else 0) is not None
+    return WORD.search(rest, closing.end() if closing else 0) is not None
 
 
 def is_valid_answer(answer: str | None, rule: ValidRule = "digit") -> bool:

@@ -17,12 +17,12 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from evolrl.rewards.answers import WORD
 from evolrl.rewards.statements import STATED
 from tools.commands.plot_dynamics import read_scalars
 
 SAMPLES = "train/samples/text_summary"
 _CELL = re.compile(r"(?<!\\)\|")
-_WORD = re.compile(r"[^\W_]")
 
 
 def logged_responses(run: Path, tail: int) -> list[str]:
@@ -48,7 +48,7 @@ def leak_figures(run: Path, tail: int = 10) -> dict[str, float]:
     """The shares of module docstring over ``run``'s last ``tail`` steps, and its curves there."""
     rests = [after_first_statement(t) for t in logged_responses(run, tail)]
     stating = [r for r in rests if r is not None]
-    trailing = [r for r in stating if _WORD.search(r)]
+    trailing = [r for r in stating if WORD.search(r)]
     ends_number = [r for r in trailing if re.search(r"\d[\s.!?$*)]*$", r)]
     scalars = read_scalars(run)
 
