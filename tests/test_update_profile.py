@@ -11,6 +11,7 @@ import pytest
 import torch
 from helpers import mixed_sequences
 
+from evolrl.logprobs import varlen
 from evolrl.models import load_policy
 from evolrl.training import Batching, GRPOLoss
 from evolrl.training.optim import Optimization, build_optimizer, start_schedule
@@ -72,6 +73,21 @@ def test_a_multi_tensor_operator_is_one_kernel_call():
     assert total == 2 and {c[0] for c in calls} == {"aten::_foreach_norm", "aten::_foreach_mul_"}, calls
     total, calls = cpu_kernel_calls(lambda: [torch.linalg.vector_norm(g) for g in grads], top=10)
     assert total == 5 and calls[0][:2] == ("aten::linalg_vector_norm", 5), calls  # the loop: one per tensor
+
+
+@pytest.mark.skipif(not varlen.available(), reason="this torch has no varlen attention op")
+def test_varlen_attention_counts_as_a_gpus_flash_kernels():
+    """Torch's varlen op is one flash kernel forward and three backward on a GPU, whatever the project's CPU kernel
+    runs inside it (a call per sequence, reported apart): three sequences in a row."""
+    from tools.bench.update_profile import GPU_LAUNCHES, cpu_kernel_profile
+
+    q, k, v = (torch.randn(10, heads, 8, requires_grad=True) for heads in (4, 2, 2))
+    cu = torch.tensor([0, 3, 8, 10], dtype=torch.int32)
+    _, calls, _, stand_in = cpu_kernel_profile(lambda: varlen.attend(q, k, v, cu, 5, 0.3).sum().backward(), 20)
+    calls = {name: n for name, n, _ in calls}
+    assert {name: calls[name] for name in GPU_LAUNCHES} == GPU_LAUNCHES, calls
+    assert not any("flash_attention_for_cpu" in name for name in calls), calls
+    assert stand_in >= 3, stand_in  # at least the forward's three per-sequence flash calls
 
 
 @pytest.mark.slow
@@ -136,7 +152,7 @@ def test_kernel_calls_by_where_they_ran():
         for _ in range(2):
             Square.apply(layer(x)).sum().backward()
 
-    total, _, places = cpu_kernel_profile(two_backwards, top=10)
+    total, _, places, _ = cpu_kernel_profile(two_backwards, top=10)
     places = dict(places)
     assert sum(places.values()) == total, places
     assert places["backward of torch::autograd::AccumulateGrad"] == 2, places

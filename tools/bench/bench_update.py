@@ -326,9 +326,10 @@ def kernel_call_lines(run, top: int) -> str:
     ``top`` most frequent, then where they ran (``update_profile.call_place``)."""
     from tools.bench.update_profile import cpu_kernel_profile
 
-    total, calls, places = cpu_kernel_profile(run, top)
+    total, calls, places, stand_in = cpu_kernel_profile(run, top)
     figures = (f"{total} kernel calls (innermost operators that compute, compiled kernels included; on a GPU one "
-               "launch each)")
+               "launch each; torch's varlen attention as a GPU's flash kernels, its CPU kernel's own "
+               f"{stand_in} calls apart: update_profile.GPU_LAUNCHES)")
     lines = [figures, "", row(["kernel call", "calls", "s (profiled)"]), row(["---"] * 3)]
     lines += [row([name, n, f"{t:.3f}"]) for name, n, t in calls]
     lines += ["", row(["where they ran", "calls", "of all"]), row(["---"] * 3)]
