@@ -2,9 +2,9 @@
 per-sequence sdpa path, and a compiled block traced once for every row it meets.
 
 Tolerances: without GQA the CPU kernels run, sequence by sequence, the very flash kernels sdpa runs on a CPU, so
-outputs and gradients are equal bit for bit; with GQA sdpa takes its math path while the kernels hand the grouped heads to
-the flash kernel (which sums a group's key/value gradients itself), so the two differ by float32 rounding (1e-6). The GPU test compares torch's own CUDA kernels
-with the per-sequence path at bf16 rounding.
+outputs and gradients are equal bit for bit; with GQA sdpa takes its math path while the kernels hand the grouped
+heads to the flash kernel (which sums a group's key/value gradients itself), so the two differ by float32 rounding
+(1e-6). The GPU test compares torch's own CUDA kernels with the per-sequence path at bf16 rounding.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ module registers one for each (:func:`install`), the loop of per-sequence sdpa c
 that CPU and GPU run the same code and the CPU tests exercise it. Both kernels call, sequence by sequence, the flash
 kernels sdpa itself runs on a CPU (forward and backward, the forward's log-sum-exp ``[H, T]`` saved for the backward as
 on a GPU), so the numbers are the per-sequence path's, bit for bit. Grouped key/value heads (GQA) go to those kernels
-as they are where the kernels take them (:data:`NATIVE_GQA`: no copy of the keys and values per head, and the
+as they are where the kernels take them (:func:`native_gqa`: no copy of the keys and values per head, and the
 backward sums a group's gradients inside the kernel), else repeated once per row.
 
 Where torch has no varlen op, :func:`available` is false and the packed path keeps its per-sequence loop.
@@ -16,6 +16,7 @@ Where torch has no varlen op, :func:`available` is false and the packed path kee
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import torch
@@ -63,8 +64,8 @@ def _rows(x: Tensor, start: int, end: int) -> Tensor:
 
 def _repeated(x: Tensor, groups: int) -> Tensor:
     """Each key/value head repeated for its group of query heads (GQA), once for the whole row, where the CPU flash
-    kernels do not take grouped heads (:data:`NATIVE_GQA`)."""
-    return x.repeat_interleave(groups, 1) if groups > 1 and not NATIVE_GQA else x
+    kernels do not take grouped heads (:func:`native_gqa`)."""
+    return x.repeat_interleave(groups, 1) if groups > 1 and not native_gqa() else x
 
 
 def _joined(parts: list[Tensor]) -> Tensor:
@@ -76,9 +77,11 @@ _FORWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 
-def _takes_grouped_heads() -> bool:
+@functools.cache
+def native_gqa() -> bool:
     """Whether this torch's CPU flash kernels attend two query heads to one key/value head and return that head's
-    summed gradient: tried once on a tiny causal sequence, against the heads repeated."""
+    summed gradient (torch 2.13's do): tried on a tiny causal sequence against the heads repeated, once, at the CPU
+    kernels' first call rather than at import."""
     q, k, v = (torch.linspace(-1, 1, heads * 3 * 4, dtype=torch.float64).reshape(1, heads, 3, 4).sin() * (i + 1)
                for i, heads in enumerate((2, 1, 1)))
     try:
@@ -91,10 +94,6 @@ def _takes_grouped_heads() -> bool:
     _, dk_wide, dv_wide = _BACKWARD(out_wide, q, *wide, out_wide, lse_wide, 0.0, True)
     return (dk.shape == k.shape and torch.allclose(out, out_wide) and torch.allclose(dk, dk_wide.sum(1, True))
             and torch.allclose(dv, dv_wide.sum(1, True)))
-
-
-NATIVE_GQA = _takes_grouped_heads()
-"""Whether the CPU flash kernels take fewer key/value heads than query heads (torch 2.13 does)."""
 
 
 def _varlen_cpu(query: Tensor, key: Tensor, value: Tensor, cu_seq_q: Tensor, cu_seq_k: Tensor | None, max_q: int,
@@ -133,7 +132,7 @@ def _varlen_backward_cpu(grad_out: Tensor, query: Tensor, key: Tensor, value: Te
         for total, part in zip(grads, parts):
             total.append(part)
     dq, dk, dv = (_joined(parts) for parts in grads)
-    if groups > 1 and not NATIVE_GQA:
+    if groups > 1 and not native_gqa():
         dk, dv = (g.unflatten(1, (kv_heads, groups)).sum(2, dtype=torch.float32).to(key.dtype) for g in (dk, dv))
     return dq, dk, dv
 
