@@ -44,6 +44,14 @@ def test_steps_below_one_fail_at_start_naming_the_value():
     assert "--steps 0: a run needs at least 1 training step" in result.stderr
 
 
+def test_a_summary_with_no_finished_run_says_so_and_how_to_finish_one(tmp_path):
+    (tmp_path / "ttrl" / "seed7").mkdir(parents=True)  # a run under way: no done.json yet
+    result = subprocess.run([sys.executable, "-m", "tools.study.study", "summary", "--methods", "ttrl", "--out",
+                             str(tmp_path)], capture_output=True, text=True, check=False, cwd=ROOT)
+    assert result.returncode == 1
+    assert f"no finished run of ttrl under {tmp_path}" in result.stderr and "goes on with" in result.stderr
+
+
 def test_the_summary_reads_the_trailing_fraction_beside_entropy_and_length():
     scalars = {f"train/{name}": [(0, 0.0), (1, 0.5), (2, 1.0)] for name in ("entropy", "response_length",
                                                                                "trailing_fraction")}

@@ -344,6 +344,9 @@ def last_samples(directory: Path) -> str:
 def summary(a: argparse.Namespace) -> None:
     out = Path(a.out)
     runs = {m: sorted(p.parent for p in (out / m).glob("seed*/done.json")) for m in a.methods}
+    if not any(runs.values()):
+        sys.exit(f"summary: no finished run of {', '.join(a.methods)} under {out} (a run is finished when its "
+                 f"seed*/done.json exists; `study run` with the same --out goes on with an unfinished one)")
     scalars = {m: [read_scalars(d) for d in dirs] for m, dirs in runs.items()}
     numbers = {m: [run_numbers(s, a.tail) for s in runs_] for m, runs_ in scalars.items()}
     keys = list(dict.fromkeys(k for m in a.methods for n in numbers[m] for k in n))  # any method's, in order
