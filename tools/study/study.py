@@ -2,7 +2,7 @@
 
     python -m tools.study.study probe          # the base model on candidate tasks: which one has headroom (~10 min)
     python -m tools.study.study run            # every method x 3 seeds, resumable run by run (~25 min a run, 2 cores)
-    python -m tools.study.study summary        # the table at the last evaluation (mean +- sd) and docs/study.png
+    python -m tools.study.study summary        # the table at the last evaluation (mean +- sd) and OUT/curves.png
     python -m tools.study.study run --smoke    # 2 training steps of each method, one seed, one evaluation batch (CI)
     python -m tools.study.study rewards        # what each reward pays a clean answer vs one with trailing text (1 min)
     python -m tools.study.study leak --out results/study2   # Study II's restatement leak, from its logged responses
@@ -369,7 +369,7 @@ def summary(a: argparse.Namespace) -> None:
         if runs[m]:
             print(f"\n{METHODS[m][0]}, {runs[m][0].name}, the last sampled responses logged, {last_samples(runs[m][0])}")
     figure = plot([d for m in a.methods for d in runs[m]], [METHODS[m][0] for m in a.methods for _ in runs[m]],
-                  out=Path(a.figure), eval_set=EVAL_SET, pass_k=16, every_seed=a.every_seed)
+                  out=Path(a.figure or out / "curves.png"), eval_set=EVAL_SET, pass_k=16, every_seed=a.every_seed)
     print(f"figure: {figure}")
 
 
@@ -401,7 +401,7 @@ def main() -> None:
     p.add_argument("--float32", action="store_true",
                    help="run: train and sample in float32 on any CPU (Study II), not the demo's bf16")
     p.add_argument("--tail", type=int, default=10, help="summary: training curves averaged over this many steps")
-    p.add_argument("--figure", default="docs/study.png", help="summary: where the figure goes")
+    p.add_argument("--figure", help="summary: where the figure goes (default: curves.png in --out)")
     p.add_argument("--every-seed", action="store_true", help="summary: the figure draws each run, not the mean")
     p.add_argument("--rule", choices=list(RULES), default="II",
                    help="summary: the study whose verdict rule applies (RULES; docs/study.md)")
