@@ -237,7 +237,7 @@ def test_a_two_step_cli_run_writes_the_mismatch_tags(tmp_path, tiny_model, monke
 
 
 def test_the_gap_tool_measures_the_floor_at_the_demo_settings(tiny_model):
-    """tools.commands.mismatch_gap (the README's demo figure) with the tiny model, both sides float32: the floor."""
+    """tools.commands.mismatch_gap (docs/demo.md's gap table) with the tiny model, both sides float32: the floor."""
 
     from tools.commands.mismatch_gap import DEMO, measure
 

