@@ -17,6 +17,7 @@ Where torch has no varlen op, :func:`available` is false and the packed path kee
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 
 import torch
@@ -39,8 +40,16 @@ def available() -> bool:
 def attend(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, max_len: int, scale: float) -> Tensor:
     """Causal attention of each sequence of a packed row with itself: ``query [T, H, D]``, ``key``/``value``
     ``[T, Hkv, D]`` (``Hkv`` divides ``H``), ``cu_seqlens [N + 1]`` int32 on their device; returns ``[T, H, D]``."""
+    gqa = {"enable_gqa": query.shape[1] != key.shape[1]} if _takes_gqa_keyword() else {}
     return varlen_attn(query, key, value, cu_seqlens, cu_seqlens, max_len, max_len, scale=scale,
-                       window_size=CAUSAL, enable_gqa=query.shape[1] != key.shape[1])
+                       window_size=CAUSAL, **gqa)
+
+
+@functools.cache
+def _takes_gqa_keyword() -> bool:
+    """Whether this torch's op has ``enable_gqa`` (2.13's has; 2.11's has not, and its flash kernels take fewer
+    key/value heads as they are: the GPU script's versions section checks that against the per-sequence path)."""
+    return "enable_gqa" in inspect.signature(varlen_attn).parameters
 
 
 def _sequences(cu_seq: Tensor) -> list[tuple[int, int]]:
