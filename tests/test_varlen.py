@@ -102,3 +102,26 @@ def test_torchs_cuda_kernels_match_the_per_sequence_path_with_grouped_heads():
     cu = CU.cuda()
     out = varlen.attend(q, k, v, cu, 5, scale=0.3)
     torch.testing.assert_close(out, per_sequence(q, k, v, 0.3), rtol=2e-2, atol=2e-2)
+
+
+def test_an_op_without_the_gqa_keyword_gets_the_grouped_heads_as_they_are(monkeypatch):
+    # torch 2.11's varlen_attn (the GPU image's) has no enable_gqa; its CUDA kernels take fewer key/value heads as they
+    # are. Only the call's keywords are under test here: a stand-in with 2.11's signature records them and runs the
+    # CPU kernels, whose numbers the tests above check.
+    seen = {}
+
+    def varlen_attn_2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                         window_size=(-1, -1)):
+        seen.update(window_size=window_size, heads=(query.shape[1], key.shape[1]))
+        return torch.ops.torch_attn._varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+                                                 scale=scale, window_size=list(window_size))[0]
+
+    monkeypatch.setattr(varlen, "varlen_attn", varlen_attn_2_11)
+    varlen._takes_gqa_keyword.cache_clear()
+    try:
+        q, k, v = row(4, 2)
+        out = varlen.attend(q, k, v, CU, max(LENGTHS), scale=0.3)
+    finally:
+        varlen._takes_gqa_keyword.cache_clear()
+    assert seen == {"window_size": varlen.CAUSAL, "heads": (4, 2)}
+    torch.testing.assert_close(out, per_sequence(q, k, v, 0.3), rtol=1e-6, atol=1e-6)  # float32 rounding (above)
