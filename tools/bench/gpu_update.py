@@ -6,7 +6,7 @@ configs, each section in its own process under its own timeout, the report appen
     python -m tools.bench.gpu_update --out gpu-update --sections 6     # then the compiled update (240 s timeout)
     python -m tools.bench.gpu_update --out cpu-update --cpu           # CPU mode, tiny sizes: ~2 min on 2 cores
 
-Sections, in the order they run (names or numbers for ``--sections``; each one's timeout on a GPU in brackets, 645 s
+Sections, in the order they run (names or numbers for ``--sections``; each one's timeout on a GPU in brackets, 665 s
 in all; where one command may run 600 s at most, pass ``--deadline`` or run two commands with the same ``--out``):
 
 1. versions [30 s]: python, torch (CUDA), the device, transformers, lightning, triton; whether this torch has
@@ -14,7 +14,7 @@ in all; where one command may run 600 s at most, pass ``--deadline`` or run two 
    sdpa loop (``sequencewise_attention._each_sequence``) on a small packed GQA row (16 query / 8 key-value heads x
    128, bf16): max |diff| of the output and of the three input gradients (on a CPU, tried and said why not where
    the op has no CPU kernel).
-2. paper [100 s]: ``bench_update --paper --paths packed --repeats 2 --profile 10``, the Qwen3-1.7B shape uncompiled:
+2. paper [120 s]: ``bench_update --paper --paths packed --repeats 2 --profile 10``, the Qwen3-1.7B shape uncompiled:
    update s, tokens/s, MFU, GPU-busy fraction, kernel launches, peak allocated memory beside ``gpu_budget``'s
    estimate (``bench_update`` draws the random weights on the device itself).
 3. 4b-sgd [150 s]: the Qwen3-4B shape with plain SGD (``--models qwen3-4b --optimizer sgd --repeats 2``; AdamW's
@@ -80,7 +80,7 @@ class Section:
 
 SECTIONS = (
     Section("versions", "versions, and torch's varlen attention op against the per-sequence path", 30, 60),
-    Section("paper", "bench_update --paper --paths packed: the Qwen3-1.7B shape, uncompiled", 100, 120),
+    Section("paper", "bench_update --paper --paths packed: the Qwen3-1.7B shape, uncompiled", 120, 120),
     Section("4b-sgd", "bench_update --paper --paths packed: the Qwen3-4B shape, SGD", 150, 120),
     Section("lr0", "an update at learning rate 0: mini-batch 2's ratio and the clip fractions", 75, 90),
     Section("kl", "KL at identical weights: single process and FSDP2", 50, 90),
