@@ -6,7 +6,7 @@ configs, each section in its own process under its own timeout, the report appen
     python -m tools.bench.gpu_update --out gpu-update --sections 6     # then the compiled update (240 s timeout)
     python -m tools.bench.gpu_update --out cpu-update --cpu           # CPU mode, tiny sizes: ~2 min on 2 cores
 
-Sections, in the order they run (names or numbers for ``--sections``; each one's timeout on a GPU in brackets, 665 s
+Sections, in the order they run (names or numbers for ``--sections``; each one's timeout on a GPU in brackets, 645 s
 in all; where one command may run 600 s at most, pass ``--deadline`` or run two commands with the same ``--out``):
 
 1. versions [30 s]: python, torch (CUDA), the device, transformers, lightning, triton; whether this torch has
@@ -17,7 +17,7 @@ in all; where one command may run 600 s at most, pass ``--deadline`` or run two 
 2. paper [120 s]: ``bench_update --paper --paths packed --repeats 2 --profile 10``, the Qwen3-1.7B shape uncompiled:
    update s, tokens/s, MFU, GPU-busy fraction, kernel launches, peak allocated memory beside ``gpu_budget``'s
    estimate (``bench_update`` draws the random weights on the device itself).
-3. 4b-sgd [150 s]: the Qwen3-4B shape with plain SGD (``--models qwen3-4b --optimizer sgd --repeats 2``; AdamW's
+3. 4b-sgd [130 s]: the Qwen3-4B shape with plain SGD (``--models qwen3-4b --optimizer sgd --repeats 2``; AdamW's
    moments do not fit 80 GB), no profile: MFU, and the peak against the estimate.
 4. lr0 [75 s]: one update at learning rate 0 (``gpu_check``'s update shape: Qwen3-1.7B on a card of 60 GiB or more,
    FSDP2 over a one-process mesh as a one-GPU ``ModelParallelStrategy`` run, 8 sequences, two mini-batches of 4):
@@ -81,7 +81,7 @@ class Section:
 SECTIONS = (
     Section("versions", "versions, and torch's varlen attention op against the per-sequence path", 30, 60),
     Section("paper", "bench_update --paper --paths packed: the Qwen3-1.7B shape, uncompiled", 120, 120),
-    Section("4b-sgd", "bench_update --paper --paths packed: the Qwen3-4B shape, SGD", 150, 120),
+    Section("4b-sgd", "bench_update --paper --paths packed: the Qwen3-4B shape, SGD", 130, 120),
     Section("lr0", "an update at learning rate 0: mini-batch 2's ratio and the clip fractions", 75, 90),
     Section("kl", "KL at identical weights: single process and FSDP2", 50, 90),
     Section("paper-compiled", "bench_update --paper --paths packed --compile: the Qwen3-1.7B shape, compiled", 240, 300),
@@ -261,8 +261,6 @@ FIGURES = {  # what a bench section reads from bench_update's output
 def bench(ctx: Context, name: str) -> tuple[bool, list[str], dict]:
     """``python -m tools.bench.bench_update`` with the section's flags, its output echoed (into the section's log, so
     that a timeout leaves its progress there) and read."""
-    from tools.bench.bench_update import HEAD
-
     if ctx.gpu:
         flags = ["--device", "cuda", *BENCH[name]]
     else:
@@ -281,28 +279,45 @@ def bench(ctx: Context, name: str) -> tuple[bool, list[str], dict]:
     code, text = child.wait(), "".join(output)
     if code:
         return False, [f"`{shown}` exited {code}:", "```", failure_report(text), "```"], {"exit": code}
+    figures = read_bench(text, ctx.gpu)
+    if figures is None:
+        return False, [f"`{shown}`: no result row in its output", "```", text[-3000:], "```"], {}
+    lines = [f"`{shown}`" + ("" if ctx.gpu else " (CPU mode: gpu_check's small CPU shape, not the section's)"),
+             *summary_lines(figures, ctx.gpu)]
+    return True, [*lines, "", "bench_update's output:", "```", text.strip(), "```"], figures
+
+
+def read_bench(text: str, gpu: bool) -> dict | None:
+    """The figures of ``bench_update``'s output (its packed row and ``FIGURES``); None without the row. Also read from
+    a section's log after a timeout, where the bench printed its row before the section's time ran out."""
+    from tools.bench.bench_update import HEAD
+
     row = re.search(r"^\| heavy \| packed \| (.+) \|$", text, re.MULTILINE)
     if row is None:
-        return False, [f"`{shown}`: no result row in its output", "```", text[-3000:], "```"], {}
+        return None
     figures = {key: number(cell) for key, cell in zip(HEAD[2:], row.group(1).split(" | "))}
     for key, pattern in FIGURES.items():
         found = re.search(pattern, text, re.MULTILINE)
         figures[key] = [number(x) for x in found.groups()] if found else None
+    return figures
+
+
+def summary_lines(figures: dict, gpu: bool) -> list[str]:
+    """A bench section's one-row summary (docs/performance.md's columns), and the compile's cost where it was read."""
     busy, estimate = figures["busy"], figures["estimate"]
-    peak = (f"{figures['peak MiB (abs)'] / 1024:.1f} GiB allocated" if ctx.gpu
+    peak = (f"{figures['peak MiB (abs)'] / 1024:.1f} GiB allocated" if gpu
             else f"{figures['peak MiB (abs)']:.0f} MiB resident")
     summary = [figures["update s"], figures["tokens/s"], figures["MFU bf16"],
                busy[0] if busy else "-",
                f"{busy[2]:.0f}" if busy else f"{figures['cpu_calls'][0]:.0f} kernel calls" if figures["cpu_calls"]
                else "-",
                peak, f"{estimate[1]:.1f} GiB" if estimate else "-"]
-    lines = [f"`{shown}`" + ("" if ctx.gpu else " (CPU mode: gpu_check's small CPU shape, not the section's)"),
-             *table(["update s", "tokens/s", "MFU (bf16 peak)", "GPU busy", "launches", "peak", "gpu_budget estimate"],
-                    [summary])]
+    lines = table(["update s", "tokens/s", "MFU (bf16 peak)", "GPU busy", "launches", "peak", "gpu_budget estimate"],
+                  [summary])
     if figures["compile"]:
         lines.append(f"compiling: the warm-up update took {figures['compile'][0]} s and traced "
                      f"{figures['compile'][1]} graphs")
-    return True, [*lines, "", "bench_update's output:", "```", text.strip(), "```"], figures
+    return lines
 
 
 def number(text: str):
@@ -465,6 +480,11 @@ def run_section(number: int, section: Section, out: Path, gpu: bool, timeout: fl
                   "lines": [(f"timed out after {timeout:.3g} s (its timeout; `--timeout {section.name}=S` to change "
                              f"it): killed with everything it started; the last lines of {work / section.name}.log:"),
                             "```", tail, "```"]}
+        printed = read_bench((work / f"{section.name}.log").read_text(errors="replace"), gpu) if section.name in BENCH \
+            else None
+        if printed is not None:  # the bench printed its row before the time ran out: kept, the status stays
+            result |= {"figures": printed,
+                       "lines": [*result["lines"], "what it printed before its timeout:", *summary_lines(printed, gpu)]}
     elif result_file.exists():
         result = json.loads(result_file.read_text())
     else:
