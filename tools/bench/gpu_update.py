@@ -1,8 +1,8 @@
 """The update's speed and numerics on one GPU, as one prepared script: offline, random-weight models built here from
 configs, each section in its own process under its own timeout, the report appended to as each section ends.
 
-    python -m tools.bench.gpu_update --out gpu-update --deadline 570  # one GPU: ~7 min expected, 570 s at most
-    python -m tools.bench.gpu_update --out gpu-update --sections 1-5   # ~4 min expected, 405 s of timeouts
+    python -m tools.bench.gpu_update --out gpu-update --deadline 570  # one GPU: ~10 min of timeouts cut to 570 s
+    python -m tools.bench.gpu_update --out gpu-update --sections 1-5   # ~4-5 min on an H100, 405 s of timeouts
     python -m tools.bench.gpu_update --out gpu-update --sections 6     # then the compiled update (240 s timeout)
     python -m tools.bench.gpu_update --out cpu-update --cpu           # CPU mode, tiny sizes: ~2 min on 2 cores
 
@@ -33,7 +33,8 @@ in all; where one command may run 600 s at most, pass ``--deadline`` or run two 
 Reading the report (``DIR/report.md``; ``DIR/report.json`` holds the same and the figures read): one line per
 invocation (command, machine, commit, time; a later invocation with the same ``--out`` appends), then a
 ``## N. name: status (seconds)`` section each: ``ok``, ``FAILED`` (the error, or the log's tail), ``TIMED OUT``
-(after its timeout, with the log's tail; the process and everything it started killed) or ``skipped`` (why). A bench
+(after its timeout, with the log's tail; the process and everything it started killed; a bench section that printed
+its result row first keeps that row and its figures) or ``skipped`` (why). A bench
 section opens with a one-row summary (docs/performance.md's columns) above ``bench_update``'s own output. Logs:
 ``DIR/work/NAME.log``; models: ``DIR/work/models``. Exit status 1 when a section failed or timed out.
 
@@ -279,7 +280,7 @@ def bench(ctx: Context, name: str) -> tuple[bool, list[str], dict]:
     code, text = child.wait(), "".join(output)
     if code:
         return False, [f"`{shown}` exited {code}:", "```", failure_report(text), "```"], {"exit": code}
-    figures = read_bench(text, ctx.gpu)
+    figures = read_bench(text)
     if figures is None:
         return False, [f"`{shown}`: no result row in its output", "```", text[-3000:], "```"], {}
     lines = [f"`{shown}`" + ("" if ctx.gpu else " (CPU mode: gpu_check's small CPU shape, not the section's)"),
@@ -287,7 +288,7 @@ def bench(ctx: Context, name: str) -> tuple[bool, list[str], dict]:
     return True, [*lines, "", "bench_update's output:", "```", text.strip(), "```"], figures
 
 
-def read_bench(text: str, gpu: bool) -> dict | None:
+def read_bench(text: str) -> dict | None:
     """The figures of ``bench_update``'s output (its packed row and ``FIGURES``); None without the row. Also read from
     a section's log after a timeout, where the bench printed its row before the section's time ran out."""
     from tools.bench.bench_update import HEAD
@@ -480,11 +481,8 @@ def run_section(number: int, section: Section, out: Path, gpu: bool, timeout: fl
                   "lines": [(f"timed out after {timeout:.3g} s (its timeout; `--timeout {section.name}=S` to change "
                              f"it): killed with everything it started; the last lines of {work / section.name}.log:"),
                             "```", tail, "```"]}
-        printed = read_bench((work / f"{section.name}.log").read_text(errors="replace"), gpu) if section.name in BENCH \
-            else None
-        if printed is not None:  # the bench printed its row before the time ran out: kept, the status stays
-            result |= {"figures": printed,
-                       "lines": [*result["lines"], "what it printed before its timeout:", *summary_lines(printed, gpu)]}
+        if section.name in BENCH:  # a bench that printed its row before the time ran out: kept, the status stays
+            result |= printed_before_timeout(work / f"{section.name}.log", gpu, result["lines"])
     elif result_file.exists():
         result = json.loads(result_file.read_text())
     else:
@@ -493,6 +491,17 @@ def run_section(number: int, section: Section, out: Path, gpu: bool, timeout: fl
                              f"{work / section.name}.log:"), "```", tail, "```"]}
     return {"number": number, "name": section.name, "title": section.title, "seconds": round(seconds, 1),
             "timeout": timeout, **result}
+
+
+def printed_before_timeout(log: Path, gpu: bool, lines: list[str]) -> dict:
+    """The figures and summary row a timed-out bench section printed, read from its log; nothing where it printed
+    none or its log cannot be read (the timeout's report stands as it is)."""
+    try:
+        printed = read_bench(log.read_text(errors="replace"))
+        return {} if printed is None else {"figures": printed, "lines": [
+            *lines, "what it printed before its timeout:", *summary_lines(printed, gpu)]}
+    except Exception as error:  # noqa: BLE001 (one unreadable log must not end the run)
+        return {"lines": [*lines, f"its log could not be read for figures: {type(error).__name__}: {error}"]}
 
 
 def markdown(section: dict) -> str:
