@@ -38,7 +38,8 @@ def test_packed_logprobs_entropy_and_gradients_equal_the_padded_path(tiny_model,
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_sequencewise_attention_on_a_gpu_equals_the_padded_path(tiny_model):
-    """On CUDA each sequence's causal sdpa call runs without a mask (flash or memory-efficient kernels)."""
+    """In float32 on CUDA the varlen op has no kernel (flash takes half precision only), so each sequence's causal
+    sdpa call runs without a mask (memory-efficient kernels): float32 rounding, as on a CPU."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation=SEQUENCEWISE_SDPA).cuda()
@@ -69,12 +70,15 @@ def test_the_gpu_backend_order_is_set_inside_and_restored_after(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_sequencewise_attention_on_a_gpu_runs_flash_not_cudnn(tiny_model):
-    """A packed row's per-sequence sdpa calls run flash attention, forward and backward (``GPU_BACKENDS``), not cuDNN's,
-    which torch's own order picks on a Hopper card and which builds a plan for every new length (tools.bench.bench_sdpa
-    on an H200: 16 sequences of new lengths, 1.8 s under cuDNN, 0.013 s under flash)."""
+    """A packed bf16 row runs flash attention, forward and backward, not cuDNN's, which torch's own order picks on a
+    Hopper card and which builds a plan for every new length (tools.bench.bench_sdpa on an H200: 16 sequences of new
+    lengths, 1.8 s under cuDNN, 0.013 s under flash): through the varlen op where torch has it, else through the
+    per-sequence sdpa calls under ``GPU_BACKENDS``."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     from transformers import AutoModelForCausalLM
+
+    from evolrl.logprobs import varlen
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation=SEQUENCEWISE_SDPA)
     model = model.to("cuda", torch.bfloat16)
@@ -83,9 +87,13 @@ def test_sequencewise_attention_on_a_gpu_runs_flash_not_cudnn(tiny_model):
         logp, _ = packed_logprobs(model, seqs, temperature=1.0, chunk_size=16)
         logp[seqs.response_mask].float().sum().backward()
         torch.cuda.synchronize()
-    ops = {e.name for e in prof.events() if e.device_type == DeviceType.CPU and "scaled_dot_product" in e.name}
+    ops = {e.name for e in prof.events() if e.device_type == DeviceType.CPU}
     kernels = {e.name for e in prof.events() if e.device_type == DeviceType.CUDA}
-    assert "aten::_scaled_dot_product_flash_attention" in ops and not any("cudnn" in op for op in ops), ops
+    attention = ({op for op in ops if "_varlen_attn" in op} if varlen.available()
+                 else {op for op in ops if "scaled_dot_product" in op})
+    assert attention and not any("cudnn" in op for op in attention), attention
+    assert varlen.available() or "aten::_scaled_dot_product_flash_attention" in attention, attention
+    assert any("flash_fwd" in k for k in kernels) and any("flash_bwd" in k for k in kernels), kernels
     assert not any("cudnn" in k.lower() for k in kernels), kernels
 
 

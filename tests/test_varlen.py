@@ -94,6 +94,19 @@ def test_a_compiled_block_is_traced_once_for_rows_of_any_lengths(tiny_model, mon
     assert not torch._dynamo.utils.counters["graph_break"]
 
 
+def test_the_op_takes_half_precision_rows_on_cuda_and_any_row_on_a_cpu():
+    # Torch's CUDA varlen kernels are flash's, float16 and bfloat16 only: a float32 row on a GPU (a `32-true` run)
+    # raised inside the op before this check. Fake tensors carry a CUDA device and a dtype without a GPU.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        on_cuda = {dtype: varlen.runs(torch.empty(4, 2, 8, device="cuda", dtype=dtype))
+                   for dtype in (torch.float32, torch.float16, torch.bfloat16)}
+    assert on_cuda == {torch.float32: False, torch.float16: True, torch.bfloat16: True}
+    assert all(varlen.runs(torch.empty(4, 2, 8, dtype=dtype)) for dtype in (torch.float32, torch.float64))
+    assert not varlen.runs(torch.empty(4, 2, 8, device="meta"))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_torchs_cuda_kernels_match_the_per_sequence_path_with_grouped_heads():

@@ -74,7 +74,7 @@ def sequencewise_sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tens
     dtype = autocast_dtype(device)
     if dtype is not None:  # autocast's cast, once per row instead of once per sequence and tensor
         query, key, value = (x.to(dtype) if x.dtype != torch.float64 else x for x in (query, key, value))
-    if varlen.available() and not kwargs.get("dropout"):  # one call per row, traceable (varlen.py)
+    if varlen.runs(query) and not kwargs.get("dropout"):  # one call per row, traceable (varlen.py)
         if not torch.compiler.is_compiling():  # traced, the check would fix the row's length in the graph
             _check_row(query, key, packed_lengths.lengths)
         scale = kwargs.get("scaling")

@@ -11,7 +11,8 @@ on a GPU), so the numbers are the per-sequence path's, bit for bit. Grouped key/
 as they are where the kernels take them (:func:`native_gqa`: no copy of the keys and values per head, and the
 backward sums a group's gradients inside the kernel), else repeated once per row.
 
-Where torch has no varlen op, :func:`available` is false and the packed path keeps its per-sequence loop.
+Where torch has no varlen op, or the op no kernel for the row (:func:`runs`), the packed path keeps its per-sequence
+loop.
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ CAUSAL = (-1, 0)
 def available() -> bool:
     """Whether this torch has the varlen op (its CPU kernels then come from :func:`install`)."""
     return varlen_attn is not None
+
+
+def runs(query: Tensor) -> bool:
+    """Whether the op has a kernel for this row: any dtype on a CPU (:func:`install`'s), half precision on CUDA
+    (torch's flash kernels take only float16 and bfloat16: a float32 run on a GPU keeps the per-sequence loop)."""
+    kind = query.device.type
+    return available() and (kind == "cpu" or kind == "cuda" and query.dtype in (torch.float16, torch.bfloat16))
 
 
 def attend(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, max_len: int, scale: float) -> Tensor:
