@@ -17,10 +17,11 @@ ROOT = Path(__file__).parent.parent
 
 def test_bench_update_quick_prints_both_paths_and_the_memory_check():
     result = subprocess.run([sys.executable, "-m", "tools.bench.bench_update", "--quick", "--profile", "5", "--budget",
-                             "192"], check=False, capture_output=True, text=True, cwd=ROOT,
+                             "192", "--checkpoint-every", "2"], check=False, capture_output=True, text=True, cwd=ROOT,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "packed: budget 192 tokens" in result.stdout  # a flag beside a preset overrides the preset's value
+    assert "gradient checkpointing on one layer in 2," in result.stdout
     rows = {m.group(1): m.group(2).split(" | ")
             for m in re.finditer(r"^\| heavy \| (padded|packed) \| (.+) \|$", result.stdout, re.MULTILINE)}
     assert set(rows) == {"padded", "packed"}, result.stdout
@@ -36,6 +37,12 @@ def test_bench_update_quick_prints_both_paths_and_the_memory_check():
     assert re.search(r"^\| mm \| \d+ \| [\d.]+ \| [\d.]+% \|$", result.stdout, re.MULTILINE), result.stdout
     assert len(re.findall(r"; \d+ operator calls \(on a GPU", result.stdout)) == 2  # the CPU's launch-count proxy
     assert re.search(r"matmul peak \(\d+\^3, best of \d+\): bf16 [\d.]+ GFLOP/s, fp32 [\d.]+ GFLOP/s", result.stdout)
+
+
+def test_a_checkpoint_interval_below_one_is_refused_before_anything_runs():
+    result = subprocess.run([sys.executable, "-m", "tools.bench.bench_update", "--checkpoint-every", "0"], check=False,
+                            capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 2 and "--checkpoint-every 0: 1 or more" in result.stderr, result.stderr
 
 
 @pytest.mark.gpu

@@ -161,7 +161,7 @@ def update_flops(w: dict[str, int], lengths: list[int], prompt: int, mini_batch:
 
 
 def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: str, mini_batch: int,
-             micro_batch: int, budget: int, precision: str, gradient_checkpointing: bool, kl_coef: float,
+             micro_batch: int, budget: int, precision: str, gradient_checkpointing: bool | int, kl_coef: float,
              entropy_coef: float, temperature: float, chunk: int, threads: int, allocator: str, device: str = "cpu",
              warmup: list[int] | None = None, ceiling: bool = False, profile: int = 0, compiled: bool = False,
              flex: bool = False, optimizer: str = "adamw", sdpa: str = "evolrl") -> dict:
@@ -449,6 +449,11 @@ def memory_check(a: argparse.Namespace, model: str, heavy: list[int]) -> None:
     print("2L / L: peak (update) {}, peak (abs) {}, real tokens {}".format(*(ratio(two[k], one[k]) for k in key)))
 
 
+def checkpointing(setting: bool | int) -> str:
+    every = int(setting)
+    return "on" if every == 1 else "off" if every == 0 else f"on one layer in {every}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m tools.bench.bench_update",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -465,6 +470,8 @@ def main() -> None:
     p.add_argument("--check-longest", type=int, default=256, help="L of the memory check")
     p.add_argument("--precision", default="bf16-mixed", choices=["bf16-mixed", "32-true"])
     p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--checkpoint-every", type=int, metavar="N",
+                   help="checkpoint every N-th decoder layer (model.gradient_checkpointing: N) instead of every one")
     p.add_argument("--kl-coef", type=float, default=0.001, help="0: no reference model, no reference pass")
     p.add_argument("--chunk", type=int, default=1024, help="logprob_chunk_size")
     p.add_argument("--threads", type=int, default=os.cpu_count())
@@ -499,6 +506,10 @@ def main() -> None:
     if a.quick or a.demo or a.paper:  # a preset's values are defaults: flags given beside them win
         p.set_defaults(**{**(QUICK if a.quick else {}), **(DEMO if a.demo else {}), **(PAPER if a.paper else {})})
         a = p.parse_args()
+    if a.checkpoint_every is not None:
+        if a.checkpoint_every < 1:
+            p.error(f"--checkpoint-every {a.checkpoint_every}: 1 or more (--no-gradient-checkpointing for none)")
+        a.gradient_checkpointing = a.checkpoint_every
 
     import torch
 
@@ -522,7 +533,7 @@ def main() -> None:
         peaks = {dt: matmul_peak(dt, a.peak_size, a.peak_repeats) for dt in ("bfloat16", "float32")}
     print(f"# {a.sequences} sequences per step, mini-batch {a.mini_batch}; padded: micro-batch {a.micro_batch}, "
           f"packed: budget {a.budget} tokens; prompt {a.prompt} tokens; {a.precision}, gradient checkpointing "
-          f"{'on' if a.gradient_checkpointing else 'off'}, kl_coef {a.kl_coef} "
+          f"{checkpointing(a.gradient_checkpointing)}, kl_coef {a.kl_coef} "
           f"({'with' if a.kl_coef > 0 else 'no'} reference pass), entropy_coef {a.entropy_coef}, temperature "
           f"{a.temperature}; {'compiled blocks, ' if a.compiled else ''}{'torch sdpa order, ' if a.sdpa == 'torch' else ''}{'flex attention, ' if a.flex else ''}{a.threads} threads, allocator {a.allocator}; "
           + (f"per case one fresh process (time: median of {a.repeats} updates on their own draws, after a warm-up "
