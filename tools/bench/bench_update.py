@@ -450,8 +450,10 @@ def memory_check(a: argparse.Namespace, model: str, heavy: list[int]) -> None:
 
 
 def checkpointing(setting: bool | int) -> str:
+    from tools.commands.gpu_budget import every_nth
+
     every = int(setting)
-    return "on" if every == 1 else "off" if every == 0 else f"on one layer in {every}"
+    return "on" if every == 1 else "off" if every == 0 else f"on {every_nth(every)}"
 
 
 def main() -> None:
