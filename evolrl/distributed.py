@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -20,7 +22,7 @@ def shard(model: nn.Module, mesh, param_dtype: torch.dtype | None = None) -> nn.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    blocks = getattr(getattr(model, "model", None), "layers", None)
+    blocks = _blocks(model)
     if blocks is None:
         raise ValueError(f"{type(model).__name__}: no `model.layers` to shard; FSDP2 sharding expects a decoder LM")
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
@@ -28,6 +30,35 @@ def shard(model: nn.Module, mesh, param_dtype: torch.dtype | None = None) -> nn.
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def _blocks(model: nn.Module | None):
+    return getattr(getattr(model, "model", None), "layers", None)
+
+
+def sync_gradients(model: nn.Module, sync: bool, hold: bool = False) -> None:
+    """Under FSDP2, whether the next backward reduce-scatters the gradients (``sync``) and whether it leaves the
+    gathered weights in place for the next pass (``hold``: the weights do not change between a mini-batch's passes,
+    so gathering them again would only copy them); a no-op without FSDP2."""
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(sync)
+        model.set_reshard_after_backward(not hold)
+
+
+@contextmanager
+def gathered_until_backward(model: nn.Module | None, hold: bool) -> Iterator[None]:
+    """With ``hold``, ``model``'s FSDP2 blocks keep their gathered weights from a forward to its backward (FSDP2's
+    ``reshard_after_forward=False``), and a pass without gradients leaves them for the next pass; on exit they are
+    freed. A no-op without FSDP2 or without ``hold``."""
+    blocks = [b for b in _blocks(model) or [] if hasattr(b, "set_reshard_after_forward")] if hold else []
+    for block in blocks:
+        block.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for block in blocks:
+            block.set_reshard_after_forward(True, recurse=False)
+            block.reshard()
 
 
 def fill_from_rank0(model: nn.Module, state: dict[str, torch.Tensor] | None, device: torch.device) -> nn.Module:

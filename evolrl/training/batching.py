@@ -49,6 +49,11 @@ class Batching:
     collective per pass, but the full float32 gradients are never held unsharded between passes (4B: 15 GiB a rank;
     ``python -m tools.commands.gpu_budget --reduce-every-pass`` estimates both)."""
 
+    reshard_after_forward: bool | None = None
+    """Under FSDP2, free each block's gathered weights after its forward in the update (true) or keep them to its
+    backward and between a mini-batch's passes (false: fewer gathers, 2 B a parameter more); null: false on one GPU,
+    where a gather is only a copy, true on several."""
+
     def __post_init__(self) -> None:
         check_int("Batching.mini_batch_size", self.mini_batch_size, 1)
         check_int("Batching.micro_batch_size", self.micro_batch_size, 1)
@@ -72,3 +77,9 @@ class Batching:
                 allowed="true or false")
         require(isinstance(self.reduce_every_pass, bool), "Batching.reduce_every_pass", self.reduce_every_pass,
                 allowed="true or false")
+        require(self.reshard_after_forward is None or isinstance(self.reshard_after_forward, bool), "Batching.reshard_after_forward",
+                self.reshard_after_forward, allowed="true, false or null")
+
+    def holds_gathered(self, world_size: int) -> bool:
+        """Whether the update keeps FSDP2's gathered weights through a pass (:attr:`reshard_after_forward`)."""
+        return world_size == 1 if self.reshard_after_forward is None else not self.reshard_after_forward

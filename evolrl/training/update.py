@@ -27,20 +27,11 @@ import torch
 from torch import Tensor, nn
 
 from evolrl.algorithms import MismatchCorrection, mismatch_summary
-from evolrl.distributed import all_reduce
+from evolrl.distributed import all_reduce, gathered_until_backward, sync_gradients
 from evolrl.logprobs import Sequences, token_stats
 from evolrl.training.batching import Batching
 from evolrl.training.loss import GRPOLoss
 from evolrl.training.plan import Plan, lockstep, micro_batch_plan, mini_batch_ranges, token_budget_plan
-
-
-def sync_gradients(policy: nn.Module, sync: bool) -> None:
-    """Under FSDP2, whether the next backward reduce-scatters the gradients: by default only the last micro-batch of a
-    mini-batch does (one reduce-scatter per optimizer step), the earlier ones accumulating unsharded gradients locally
-    (``Batching.reduce_every_pass`` trades that memory for a reduction per pass). Every rank runs as many micro-batches
-    per mini-batch (``plan.lockstep``), so they all reduce at the same one."""
-    if hasattr(policy, "set_requires_gradient_sync"):
-        policy.set_requires_gradient_sync(sync)
 
 
 @dataclass(frozen=True)
@@ -150,29 +141,33 @@ class GRPOUpdate:
         if self.loss.mismatch_correction is not None and seqs.sampler_logprobs is None:
             raise ValueError(f"mismatch_correction={self.loss.mismatch_correction!r} needs the sampler's log-probs, "
                              "and the rollout engine reported none")
-        plan = self.plan(seqs)
-        minis = mini_batch_ranges(len(seqs), self.batching.mini_batch_size)
-        # The first mini-batch's old log-probs are its own passes' (detached): the policy has not changed yet.
-        old_logp = policy_pass.logp if policy_pass is not None else self.no_grad_stats(
-            policy, seqs, rows=list(range(minis[0].stop, len(seqs))), temperature=temperature)[0]
-        ref_logp = None if reference is None else self.no_grad_stats(
-            reference, seqs, rows=list(range(len(seqs))), temperature=temperature)[0]
-        totals = StepTotals()
-        for i, (minibatch, rows) in enumerate(zip(plan, minis)):
-            # Fixed before the micro-batch loop: accumulation does not change the loss.
-            local = self.loss.aggregation.normalizer(seqs.response_mask[rows.start : rows.stop], max_new_tokens)
-            normalizer = all_reduce(local.float()) / world_size  # stays on the device: no wait
-            for j, micro in enumerate(minibatch):
-                sync_gradients(policy, j == len(minibatch) - 1 or self.batching.reduce_every_pass)
-                part = self.micro_batch(seqs, micro)
-                terms, measured = self.train_pass(
-                    policy, part, temperature=temperature, normalizer=normalizer, backward=backward,
-                    old=_rows_of(old_logp, micro, part) if policy_pass is not None or i > 0 else None,
-                    ref=None if ref_logp is None else _rows_of(ref_logp, micro, part))
-                totals.add(terms, measured)
-            totals.add({"grad_norm": self.optimizer_step(policy, optimizer, scheduler)})
-        sync_gradients(policy, True)
-        return totals.summary(len(plan), self.loss.mismatch_correction)
+        hold = self.batching.holds_gathered(world_size)
+        with gathered_until_backward(policy, hold):
+            plan = self.plan(seqs)
+            minis = mini_batch_ranges(len(seqs), self.batching.mini_batch_size)
+            # The first mini-batch's old log-probs are its own passes' (detached): the policy has not changed yet.
+            old_logp = policy_pass.logp if policy_pass is not None else self.no_grad_stats(
+                policy, seqs, rows=list(range(minis[0].stop, len(seqs))), temperature=temperature)[0]
+            with gathered_until_backward(reference, hold):
+                ref_logp = None if reference is None else self.no_grad_stats(
+                    reference, seqs, rows=list(range(len(seqs))), temperature=temperature)[0]
+            totals = StepTotals()
+            for i, (minibatch, rows) in enumerate(zip(plan, minis)):
+                # Fixed before the micro-batch loop: accumulation does not change the loss.
+                local = self.loss.aggregation.normalizer(seqs.response_mask[rows.start : rows.stop], max_new_tokens)
+                normalizer = all_reduce(local.float()) / world_size  # stays on the device: no wait
+                for j, micro in enumerate(minibatch):
+                    last = j == len(minibatch) - 1
+                    sync_gradients(policy, last or self.batching.reduce_every_pass, hold=hold and not last)
+                    part = self.micro_batch(seqs, micro)
+                    terms, measured = self.train_pass(
+                        policy, part, temperature=temperature, normalizer=normalizer, backward=backward,
+                        old=_rows_of(old_logp, micro, part) if policy_pass is not None or i > 0 else None,
+                        ref=None if ref_logp is None else _rows_of(ref_logp, micro, part))
+                    totals.add(terms, measured)
+                totals.add({"grad_norm": self.optimizer_step(policy, optimizer, scheduler)})
+            sync_gradients(policy, True)
+            return totals.summary(len(plan), self.loss.mismatch_correction)
 
     def train_pass(self, policy: nn.Module, part: Sequences, temperature: float, old: Tensor | None,
                    ref: Tensor | None, normalizer: Tensor,

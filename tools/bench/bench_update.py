@@ -589,11 +589,12 @@ def main() -> None:
             if a.device == "cuda" and (Path(model) / "config.json").exists():
                 from tools.bench.update_profile import estimated_update_gib
 
-                estimate = estimated_update_gib(Path(model), budget_tokens=a.budget, adamw=a.optimizer == "adamw")
+                estimate = estimated_update_gib(Path(model), budget_tokens=a.budget, adamw=a.optimizer == "adamw",
+                                                checkpoint_every=int(a.gradient_checkpointing), chunk=a.chunk)
                 for (d, path), m in results.items():
                     print(f"{d}, {path}: peak {m['abs_mib'] / 1024:.1f} GiB allocated; tools.commands.gpu_budget "
-                          f"estimates {estimate:.1f} GiB for one GPU at a {a.budget}-token budget with {a.optimizer} "
-                          "(no vLLM, no embedder)")
+                          f"estimates {estimate:.1f} GiB for one GPU at a {a.budget}-token budget with {a.optimizer}, "
+                          f"checkpointing {checkpointing(a.gradient_checkpointing)} (no vLLM, no embedder)")
             if a.check_longest:
                 memory_check(a, model, responses("heavy", a.sequences, median=a.median, sigma=a.sigma, cap=a.cap,
                                                  seed=a.seed))

@@ -315,10 +315,11 @@ def card_peak(device: torch.device) -> tuple[float, str]:
     return rates[best], f"this CPU's best 512^3 matmul ({best}; measured GFLOP/s: {measured})"
 
 
-def estimated_update_gib(model_dir: Path, budget_tokens: int, adamw: bool = True) -> float:
+def estimated_update_gib(model_dir: Path, budget_tokens: int, adamw: bool = True, checkpoint_every: int = 1,
+                         chunk: int = 1024) -> float:
     """``tools.commands.gpu_budget``'s update-time estimate on one device, without the engine and the embedder
-    (``adamw=False``: an optimizer without state, as its ``--sgd``)."""
+    (``adamw=False``: an optimizer without state, as its ``--sgd``; ``checkpoint_every`` 0: no checkpointing)."""
     rows = memory_budget(from_config(str(model_dir / "config.json")), gpus=1, gpu_gib=80.0, vllm_fraction=0.0,
                          samples=1, prompt=0, new=budget_tokens, micro=None, max_tokens=budget_tokens, embed_batch=0,
-                         adamw=adamw)
+                         adamw=adamw, checkpoint_every=checkpoint_every, chunk=chunk)
     return sum(update for name, _, _, update in rows[:-1] if not name.startswith(("vLLM", "embedder")))

@@ -133,9 +133,10 @@ def budget(m: Shape, gpus: int, gpu_gib: float, vllm_fraction: float, samples: i
            micro: int | None, max_tokens: int, embed_batch: int,
            chunk: int = 1024, adamw: bool = True,
            reduce_every_pass: bool = False, lora_rank: int = 0,
-           checkpoint_every: int = 1) -> list[tuple[str, str, float, float]]:
+           checkpoint_every: int = 1, reshard: bool = False) -> list[tuple[str, str, float, float]]:
     """``(component, formula, GiB while sampling, GiB during the update)`` rows, without sleep mode;
-    ``checkpoint_every`` is ``model.gradient_checkpointing`` (every n-th layer; 0: none)."""
+    ``checkpoint_every`` is ``model.gradient_checkpointing`` (every n-th layer; 0: none), ``reshard``
+    ``model.batching.reshard_after_forward: true`` (one GPU)."""
     tokens = prompt + new
     shard = m.params / gpus
     block = (m.params - m.vocab * m.hidden) / m.layers
@@ -160,6 +161,9 @@ def budget(m: Shape, gpus: int, gpu_gib: float, vllm_fraction: float, samples: i
         # Under autocast the reference keeps its embeddings (and norms) as loaded, fp32 (build.parameters_in).
         ("reference shard (bf16 linear, fp32 embeddings)", f"(params + vocab x hidden) / {gpus} x 2 B",
          (shard + m.vocab * m.hidden / gpus) * 2 / GIB, (shard + m.vocab * m.hidden / gpus) * 2 / GIB),
+        # On one GPU the update holds every block's gathered copy through a pass (Batching.reshard_after_forward).
+        ("all-gathered bf16 params (one GPU: all held through a pass)", "params x 2 B", 0.0, m.params * 2 / GIB)
+        if gpus == 1 and not reshard else
         ("all-gathered bf16 params", "embeddings + 2 blocks in flight, x 2 B", 0.0,
          (m.vocab * m.hidden + 2 * block) * 2 / GIB),
         activation_row(m, mb_tokens, pass_text, checkpoint_every),
@@ -212,6 +216,9 @@ def main() -> None:
     parser.add_argument("--sgd", action="store_true", help="an optimizer without state (no AdamW moments)")
     parser.add_argument("--reduce-every-pass", action="store_true",
                         help="model.batching.reduce_every_pass: gradients reduce-scattered after every pass")
+    parser.add_argument("--reshard-after-forward", action="store_true",
+                        help="model.batching.reshard_after_forward: true (one GPU: each block's gathered copy freed "
+                        "after its forward)")
     parser.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
                         help="model.gradient_checkpointing: every N-th layer checkpointed (1: every layer, the paper "
                         "configs; 0: none)")
@@ -224,7 +231,7 @@ def main() -> None:
                   prompt=args.prompt, new=args.new, micro=args.micro, max_tokens=args.max_tokens,
                   embed_batch=args.embed_batch, adamw=not args.sgd,
                   reduce_every_pass=args.reduce_every_pass, lora_rank=args.lora_rank,
-                  checkpoint_every=args.checkpoint_every)
+                  checkpoint_every=args.checkpoint_every, reshard=args.reshard_after_forward)
     dropped = {0} if args.no_vllm else set()
     dropped |= {1, 2} if args.no_embedder else set()
     rows = [(name, formula, 0.0, 0.0) if i in dropped else (name, formula, a, b)
