@@ -38,8 +38,10 @@ def _blocks(model: nn.Module | None):
 
 def sync_gradients(model: nn.Module, sync: bool, hold: bool = False) -> None:
     """Under FSDP2, whether the next backward reduce-scatters the gradients (``sync``) and whether it leaves the
-    gathered weights in place for the next pass (``hold``: the weights do not change between a mini-batch's passes,
-    so gathering them again would only copy them); a no-op without FSDP2."""
+    gathered weights in place for the next pass (``hold``: the weights do not change between a mini-batch's passes).
+    The update syncs on a mini-batch's last pass only (one reduce-scatter per optimizer step, the earlier passes
+    accumulating unsharded gradients; ``Batching.reduce_every_pass``: every pass); every rank runs as many passes
+    (``plan.lockstep``), so all reduce at the same one. A no-op without FSDP2."""
     if hasattr(model, "set_requires_gradient_sync"):
         model.set_requires_gradient_sync(sync)
         model.set_reshard_after_backward(not hold)
