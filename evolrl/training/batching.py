@@ -51,8 +51,8 @@ class Batching:
 
     reshard_after_forward: bool | None = None
     """Under FSDP2, free each block's gathered weights after its forward in the update (true) or keep them to its
-    backward and between a mini-batch's passes (false: fewer gathers, 2 B a parameter more); null: false on one GPU,
-    where a gather is only a copy, true on several."""
+    backward and between a mini-batch's passes (false: fewer gathers, a copy of the blocks more); null: false on one
+    GPU, where a gather is only a copy, true on several."""
 
     def __post_init__(self) -> None:
         check_int("Batching.mini_batch_size", self.mini_batch_size, 1)

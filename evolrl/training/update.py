@@ -20,7 +20,8 @@ without a Trainer (``tests/test_update.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -142,15 +143,15 @@ class GRPOUpdate:
             raise ValueError(f"mismatch_correction={self.loss.mismatch_correction!r} needs the sampler's log-probs, "
                              "and the rollout engine reported none")
         hold = self.batching.holds_gathered(world_size)
-        with gathered_until_backward(policy, hold):
+        with gathered_until_backward(policy, hold), _synced_after(policy):
             plan = self.plan(seqs)
             minis = mini_batch_ranges(len(seqs), self.batching.mini_batch_size)
+            with gathered_until_backward(reference, hold):  # first: the policy's held weights then wait for training
+                ref_logp = None if reference is None else self.no_grad_stats(
+                    reference, seqs, rows=list(range(len(seqs))), temperature=temperature)[0]
             # The first mini-batch's old log-probs are its own passes' (detached): the policy has not changed yet.
             old_logp = policy_pass.logp if policy_pass is not None else self.no_grad_stats(
                 policy, seqs, rows=list(range(minis[0].stop, len(seqs))), temperature=temperature)[0]
-            with gathered_until_backward(reference, hold):
-                ref_logp = None if reference is None else self.no_grad_stats(
-                    reference, seqs, rows=list(range(len(seqs))), temperature=temperature)[0]
             totals = StepTotals()
             for i, (minibatch, rows) in enumerate(zip(plan, minis)):
                 # Fixed before the micro-batch loop: accumulation does not change the loss.
@@ -166,7 +167,6 @@ class GRPOUpdate:
                         ref=None if ref_logp is None else _rows_of(ref_logp, micro, part))
                     totals.add(terms, measured)
                 totals.add({"grad_norm": self.optimizer_step(policy, optimizer, scheduler)})
-            sync_gradients(policy, True)
             return totals.summary(len(plan), self.loss.mismatch_correction)
 
     def train_pass(self, policy: nn.Module, part: Sequences, temperature: float, old: Tensor | None,
@@ -203,6 +203,15 @@ class GRPOUpdate:
             scheduler.step()
         optimizer.zero_grad()
         return grad_norm.detach().float()
+
+
+@contextmanager
+def _synced_after(policy: nn.Module) -> Iterator[None]:
+    """FSDP2's defaults back (reduce and free after every backward) when the update ends, or fails."""
+    try:
+        yield
+    finally:
+        sync_gradients(policy, True)
 
 
 def _rows_of(values: Tensor, rows: list[int], part: Sequences) -> Tensor:
