@@ -112,15 +112,19 @@ def _adapter_layers(model: nn.Module) -> dict[str, nn.Module]:
 
 @contextmanager
 def adapters_off(model: nn.Module) -> Iterator[None]:
-    """Inside the block ``model`` computes as its base (peft's switch, which also stops the adapters' gradients)."""
+    """Inside the block ``model`` computes as its base: the flag peft's layers read in their forward. Not peft's
+    ``enable_adapters``, which also flips ``requires_grad`` on the parameter objects a layer holds at that moment: under
+    FSDP2 those are the shards before a forward and the gathered copies after one that keeps them
+    (``Batching.reshard_after_forward``), so the flip and its undo would land on different tensors. The reference's
+    passes take no gradients anyway."""
     layers = _adapter_layers(model).values()
     for layer in layers:
-        layer.enable_adapters(False)
+        layer._disable_adapters = True
     try:
         yield
     finally:
         for layer in layers:
-            layer.enable_adapters(True)
+            layer._disable_adapters = False
 
 
 class AdaptersOff:

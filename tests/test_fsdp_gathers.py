@@ -12,6 +12,7 @@ from helpers import mixed_sequences, one_process_group
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from evolrl.lora import LoRA
 from evolrl.training import Batching
 from evolrl.training.build import Dtypes, build_models
 from evolrl.training.update import GRPOLoss, GRPOUpdate
@@ -34,13 +35,15 @@ class CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def update_under_a_mesh_of_one(tiny_model, precision: str, reshard: bool | None):
+def update_under_a_mesh_of_one(tiny_model, precision: str, reshard: bool | None, lora: LoRA | None = None):
     """One packed update with KL (2 mini-batches of 2 passes each) under FSDP2 over a one-process gloo mesh: ``(the
     update, policy, sequences, the aten.copy_ count, the trained weights)``."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    torch.manual_seed(0)  # the adapters' initial weights
     policy, reference = build_models(tiny_model, Dtypes.resolve(precision, "float32"), with_reference=True,
-                                     mesh=init_device_mesh("cpu", (1,)), gradient_checkpointing=True, packed=True)
+                                     mesh=init_device_mesh("cpu", (1,)), gradient_checkpointing=True, packed=True,
+                                     lora=lora)
     optimizer = torch.optim.SGD(policy.parameters(), lr=1e-2)
     # A step while a block still holds a gathered copy would leave that copy stale for the next forward.
     optimizer.register_step_pre_hook(lambda *_: sharded_everywhere(policy))
@@ -78,6 +81,18 @@ def test_keeping_the_gathered_weights_gives_the_same_update_with_fewer_copies(ti
     # The same operations on the same weights in the same order; a tolerance only because the two runs' buffers sit at
     # different addresses, and CPU matmul libraries may take alignment-dependent paths.
     for name, value in runs[True][4].items():
+        torch.testing.assert_close(runs[None][4][name], value, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_a_lora_policy_and_its_adapters_off_reference_give_the_same_update(tiny_model):
+    """LoRA: the reference is the policy with its adapters off (``AdaptersOff``), so its passes reuse the policy's
+    held weights; the adapters train as with resharding, and every parameter is sharded at each step (the hook)."""
+    runs = {}
+    for reshard in (True, None):
+        with one_process_group("gloo"):
+            runs[reshard] = update_under_a_mesh_of_one(tiny_model, "32-true", reshard, lora=LoRA(rank=4, alpha=8.0))
+    assert runs[True][3] > runs[None][3]
+    for name, value in runs[True][4].items():  # tolerance: as above
         torch.testing.assert_close(runs[None][4][name], value, rtol=1e-6, atol=1e-7, msg=name)
 
 
