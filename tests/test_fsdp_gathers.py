@@ -67,7 +67,8 @@ def test_keeping_the_gathered_weights_gives_the_same_update_with_fewer_copies(ti
     # The plan the count below is derived from: 2 mini-batches of 2 training passes; one pass without gradients for
     # mini-batch 2's old log-probs, two for the reference's over all 8 sequences.
     assert update.plan(seqs) == [[[0, 2], [1, 3]], [[6, 7], [4, 5]]]
-    assert len(update.no_grad_plan(seqs, list(range(4, 8)))) == 1 and len(update.no_grad_plan(seqs, list(range(8)))) == 2
+    assert len(update.no_grad_plan(seqs, list(range(4, 8)))) == 1
+    assert len(update.no_grad_plan(seqs, list(range(8)))) == 2
     blocks = sum(1 for _ in policy.model.layers.parameters())  # copied by each gather of every block
     root = sum(1 for _ in policy.parameters()) - blocks  # the root's (embeddings, final norm, head)
     # Resharding, the policy's blocks are gathered by the old log-probs' pass and by each training pass's forward and
@@ -110,4 +111,5 @@ def test_reshard_after_forward_is_checked_where_it_is_declared():
     with pytest.raises(ValueError, match="Batching.reshard_after_forward"):
         Batching(reshard_after_forward=0)
     assert Batching().holds_gathered(1) and not Batching().holds_gathered(2)
-    assert Batching(reshard_after_forward=False).holds_gathered(8) and not Batching(reshard_after_forward=True).holds_gathered(1)
+    assert Batching(reshard_after_forward=False).holds_gathered(8)
+    assert not Batching(reshard_after_forward=True).holds_gathered(1)

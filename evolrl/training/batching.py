@@ -77,8 +77,8 @@ class Batching:
                 allowed="true or false")
         require(isinstance(self.reduce_every_pass, bool), "Batching.reduce_every_pass", self.reduce_every_pass,
                 allowed="true or false")
-        require(self.reshard_after_forward is None or isinstance(self.reshard_after_forward, bool), "Batching.reshard_after_forward",
-                self.reshard_after_forward, allowed="true, false or null")
+        require(self.reshard_after_forward is None or isinstance(self.reshard_after_forward, bool),
+                "Batching.reshard_after_forward", self.reshard_after_forward, allowed="true, false or null")
 
     def holds_gathered(self, world_size: int) -> bool:
         """Whether the update keeps FSDP2's gathered weights through a pass (:attr:`reshard_after_forward`)."""
