@@ -32,8 +32,10 @@ def shard(model: nn.Module, mesh, param_dtype: torch.dtype | None = None) -> nn.
     return model
 
 
-def _blocks(model: nn.Module | None):
-    return getattr(getattr(model, "model", None), "layers", None)
+def _blocks(model) -> nn.ModuleList | None:
+    """A decoder LM's blocks; ``None`` for anything else, such as a LoRA run's reference (``lora.AdaptersOff``, a
+    wrapper of the policy whose blocks are the policy's, held or freed with it)."""
+    return getattr(getattr(model, "model", None), "layers", None) if isinstance(model, nn.Module) else None
 
 
 def sync_gradients(model: nn.Module, sync: bool, hold: bool = False) -> None:

@@ -146,7 +146,9 @@ class GRPOUpdate:
         with gathered_until_backward(policy, hold), _synced_after(policy):
             plan = self.plan(seqs)
             minis = mini_batch_ranges(len(seqs), self.batching.mini_batch_size)
-            with gathered_until_backward(reference, hold):  # first: the policy's held weights then wait for training
+            # The reference first: the copy the policy's old log-probs' pass leaves held is then never alive beside
+            # the reference's.
+            with gathered_until_backward(reference, hold):
                 ref_logp = None if reference is None else self.no_grad_stats(
                     reference, seqs, rows=list(range(len(seqs))), temperature=temperature)[0]
             # The first mini-batch's old log-probs are its own passes' (detached): the policy has not changed yet.
