@@ -24,6 +24,7 @@ from evolrl.models import load_policy
 from evolrl.rewards import MajorityVoteReward
 from evolrl.rollout import HFEngine, Sampling
 from evolrl.training import Batching, EvolRLModule, GRPOLoss, Optimization
+from evolrl.training.run_checks import TrainingStopped
 
 CONFIGS = Path(__file__).parent.parent / "configs"
 
@@ -244,21 +245,25 @@ def test_gguf_policy_is_saveable(tmp_path):
         torch.testing.assert_close(reloaded(x).logits, policy(x).logits)
 
 
-class NaNReward(MajorityVoteReward):
-    """A faulty reward (e.g. a broken custom verifier) that returns NaN for every response."""
+class NaNGradients(L.Callback):
+    """Makes the LM head's gradient NaN in every backward (as an overflow would)."""
 
-    def __call__(self, batch):
-        out = super().__call__(batch)
-        return type(out)(torch.full_like(out.rewards, float("nan")), out.answers, labels=out.labels,
-                         components=out.components)
+    def on_train_start(self, trainer, module):
+        module.policy.lm_head.weight.register_hook(lambda grad: grad * float("nan"))
 
 
 def test_non_finite_gradients_skip_the_step_and_are_counted(tiny_model):
-    module, _, recorder = fit(tiny_model, steps=2, module_kwargs={"reward": NaNReward(), "mini_batch_size": 3})
+    module, _, recorder = fit(tiny_model, steps=2, callbacks=[NaNGradients()],
+                              module_kwargs={"mini_batch_size": 3, "optim": Optimization(max_consecutive_skips=4)})
     after = module.policy.state_dict()
     assert all(torch.equal(after[k], recorder.before[k]) for k in after)  # nothing applied
     assert module.update.skipped_steps == 4  # 2 steps x 2 mini-batches
     assert module.trainer.callback_metrics["train/skipped_steps"].item() == 4
+
+
+def test_a_fourth_skip_in_a_row_stops_the_run_by_default(tiny_model):
+    with pytest.raises(TrainingStopped, match=r"4 optimizer steps in a row had a non-finite gradient norm"):
+        fit(tiny_model, steps=2, callbacks=[NaNGradients()], module_kwargs={"mini_batch_size": 3})
 
 
 def test_validate_from_the_cli_is_reproducible(tmp_path, tiny_model, monkeypatch):

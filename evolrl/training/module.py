@@ -34,7 +34,7 @@ from evolrl.settings import check_choice, require
 from evolrl.training.batching import Batching
 from evolrl.training.build import DTYPES, Dtypes, Frozen, build_models
 from evolrl.training.evaluation import grade_request
-from evolrl.training.flat_rewards import FlatRewardCheck
+from evolrl.training.run_checks import FlatRewardCheck
 from evolrl.training.loss import GRPOLoss, plain
 from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, schedule_started, start_schedule
 from evolrl.training.scoring import Scoring, fresh, score_rounds
@@ -107,7 +107,7 @@ class EvolRLModule(L.LightningModule):
         require(overlong is None or isinstance(overlong, Overlong), "EvolRLModule.overlong", overlong,
                 allowed="null, evolrl.algorithms.OverlongPenalty or evolrl.algorithms.OverlongMask")
         self.overlong = overlong
-        self.update = GRPOUpdate(loss, batching, optim.max_grad_norm)
+        self.update = GRPOUpdate(loss, batching, optim.max_grad_norm, optim.max_consecutive_skips)
         self.optim_cfg = optim
         self.dtype_name, self.reference_dtype, self.fsdp_param_dtype = dtype, reference_dtype, fsdp_param_dtype
         require(isinstance(gradient_checkpointing, int) and gradient_checkpointing >= 0,  # a bool is an int
@@ -173,7 +173,8 @@ class EvolRLModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.lora is not None and self.device_mesh is None:  # adapters only; a sharded (FSDP2) one stays whole
             checkpoint["state_dict"] = adapter_state(checkpoint["state_dict"])
-        checkpoint["evolrl"] = {"skipped_steps": self.update.skipped_steps, **self.flat_rewards.state_dict(),
+        checkpoint["evolrl"] = {"skipped_steps": self.update.skipped_steps, "skips_in_a_row": self.update.skips_in_a_row,
+                                **self.flat_rewards.state_dict(),
                                 "torch_rng_state": torch.get_rng_state()}  # dropout in the policy, if any
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -183,6 +184,7 @@ class EvolRLModule(L.LightningModule):
         if state is None:
             return
         self.update.skipped_steps = state["skipped_steps"]
+        self.update.skips_in_a_row = state.get("skips_in_a_row", 0)
         self.flat_rewards.load_state_dict(state)
         torch.set_rng_state(state["torch_rng_state"])
 
@@ -200,7 +202,7 @@ class EvolRLModule(L.LightningModule):
         t1 = time.perf_counter()
         scoring = Scoring(self.reward, self.advantages, self.overlong, self.device,
                           policy_pass=lambda seqs, temperature: self.update.policy_pass(self.policy, seqs, temperature),
-                          vocabulary=self.policy.get_output_embeddings().weight.shape[0])
+                          vocabulary=self.policy.get_output_embeddings().weight.shape[0], step=self.trainer.global_step)
         # rewards [P, V], trained [P, G]; with dynamic sampling, the groups kept over the step's rounds
         scored = score_rounds(scoring, rollouts, None if isinstance(batch, RolloutBatch) else batch, self.fewest)
         t2 = time.perf_counter()

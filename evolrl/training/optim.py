@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from torch import nn
 
-from evolrl.settings import check_float, require
+from evolrl.settings import check_float, check_int, require
 
 
 @dataclass
@@ -34,6 +34,9 @@ class Optimization:
     """Cosine decays to ``lr * min_lr_ratio``."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip; a step whose norm is not finite is skipped."""
+    max_consecutive_skips: int = 3
+    """Optimizer steps in a row with a non-finite gradient norm (each skipped) that a run tolerates; one more stops
+    it with an error."""
 
     def __post_init__(self) -> None:
         check_float("Optimization.lr", self.lr, 0.0)
@@ -44,6 +47,7 @@ class Optimization:
         check_float("Optimization.warmup_ratio", self.warmup_ratio, low=0.0, high=1.0)
         check_float("Optimization.min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
         check_float("Optimization.max_grad_norm", self.max_grad_norm, 0.0, low_open=True)
+        check_int("Optimization.max_consecutive_skips", self.max_consecutive_skips, low=0)
 
 
 def warmup_cosine(step: int, total: int, warmup_ratio: float, min_lr_ratio: float = 0.0) -> float:

@@ -20,6 +20,7 @@ from evolrl.algorithms import GroupAdvantages, Overlong, agreeing_groups
 from evolrl.logprobs import Sequences, trained_sequences
 from evolrl.rewards import Reward
 from evolrl.rewards.policy_signal import PolicySignal
+from evolrl.training.run_checks import check_rewards
 from evolrl.training.update import PolicyPass
 from evolrl.types import Components, RewardOutput, RolloutBatch, RolloutSource
 
@@ -76,6 +77,8 @@ class Scoring:
     policy_pass: Callable[[Sequences, float], PolicyPass]
     vocabulary: int
     """The policy's vocabulary size (for a reward that reads the policy)."""
+    step: int = 0
+    """The training step, for the error a non-finite reward stops the run with."""
 
     def __call__(self, rollouts: RolloutBatch) -> Scored:
         """Rewards ``[P, V]`` (shaped), group advantages of the trained ``[P, G]`` and their sequences (scored under
@@ -90,6 +93,7 @@ class Scoring:
             rewards = self.reward(rollouts, policy=signal)
         else:
             rewards = self.reward(rollouts)
+        check_rewards(self.reward, rewards, rollouts.trained, self.step)
         rewards, stats = self.shape(rollouts, rewards)
         advantages = self.advantages_of(rewards.rewards.gather(1, rollouts.trained))  # [P, G]
         seqs, masked = self.mask(rollouts, replace(seqs, advantages=advantages.reshape(-1).float().to(self.device)))

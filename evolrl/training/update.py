@@ -1,11 +1,11 @@
 """The policy update of one training step: GRPO loss, gradient accumulation, optimizer steps.
 
-One training step = one rollout batch, split into mini-batches (one optimizer step each, in
-order, one PPO epoch) and micro-batches (gradient accumulation). The loss normalizer is fixed
-per mini-batch before the micro-batch loop, so how a mini-batch is split into micro-batches (a count, or a
-token budget: ``plan.py``) does not change the math; across ranks it is the global count. Loss terms are summed
-on the device and read once. A micro-batch is right-padded rows or one packed row (``evolrl.logprobs``). The passes without gradients (old log-probs, reference) are planned apart: over the whole step, at
-``Batching.no_grad_pass_multiple`` times a training pass's size (they keep no activations for a backward).
+One training step = one rollout batch, split into mini-batches (one optimizer step each, in order, one PPO epoch) and
+micro-batches (gradient accumulation). The loss normalizer is fixed per mini-batch before the micro-batch loop, so how
+a mini-batch is split into micro-batches (a count, or a token budget: ``plan.py``) does not change the math; across
+ranks it is the global count. Loss terms are summed on the device and read once. A micro-batch is right-padded rows or
+one packed row (``evolrl.logprobs``). The passes without gradients (old log-probs, reference) are planned apart: over
+the whole step, at ``Batching.no_grad_pass_multiple`` times a training pass's size (no activations kept).
 
 When the engine reports its log-probs, every step also measures how far they are from the old log-probs
 (``mismatch/*``, summed over micro-batches and ranks) and, with ``GRPOLoss.mismatch_correction``, weighs each
@@ -13,9 +13,9 @@ token's policy-gradient loss by an importance weight (``evolrl/algorithms/correc
 the normalizer: a masked token counts in it with weight 0 (as in TRL), so the normalizer stays the global token
 count fixed before the micro-batch loop, whatever is masked on which rank.
 
-The loss's formula is ``loss.py``'s. :class:`GRPOUpdate` holds the settings and owns the micro-batch plan and the forward pass; the
-policy, the reference, the sequences, the optimizer and the schedule are arguments, so it runs
-without a Trainer (``tests/test_update.py``).
+The loss's formula is ``loss.py``'s. :class:`GRPOUpdate` holds the settings and owns the micro-batch plan and the
+forward pass; the policy, the reference, the sequences, the optimizer and the schedule are arguments, so it runs without
+a Trainer (``tests/test_update.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from evolrl.logprobs import Sequences, token_stats
 from evolrl.training.batching import Batching
 from evolrl.training.loss import GRPOLoss
 from evolrl.training.plan import Plan, lockstep, micro_batch_plan, mini_batch_ranges, token_budget_plan
+from evolrl.training.run_checks import too_many_skips
 
 
 @dataclass(frozen=True)
@@ -55,14 +56,15 @@ class GRPOUpdate:
         loss: The loss settings.
         batching: Mini-batches, micro-batches and how a pass runs.
         max_grad_norm: Gradient-norm clip; a mini-batch whose norm is not finite is skipped and counted.
+        max_consecutive_skips: Skipped optimizer steps in a row tolerated; one more raises ``TrainingStopped``.
     """
 
-    def __init__(self, loss: GRPOLoss, batching: Batching, max_grad_norm: float) -> None:
-        self.loss = loss
-        self.batching = batching
-        self.max_grad_norm = max_grad_norm
-        self.skipped_steps = 0
-        """Optimizer steps skipped so far because the gradient norm was not finite."""
+    def __init__(self, loss: GRPOLoss, batching: Batching, max_grad_norm: float,
+                 max_consecutive_skips: int = 3) -> None:
+        self.loss, self.batching, self.max_grad_norm = loss, batching, max_grad_norm
+        self.max_consecutive_skips = max_consecutive_skips
+        self.skipped_steps = self.skips_in_a_row = 0
+        """Optimizer steps skipped (the gradient norm not finite) so far, and since the last applied one."""
 
     def plan(self, seqs: Sequences) -> Plan:
         """Rows of each micro-batch by mini-batch; with a token budget, as many micro-batches on every rank."""
@@ -196,10 +198,12 @@ class GRPOUpdate:
         if not applied:
             optimizer.zero_grad(set_to_none=True)  # the step below then moves nothing
             self.skipped_steps += 1
+        self.skips_in_a_row = 0 if applied else self.skips_in_a_row + 1
+        if self.skips_in_a_row > self.max_consecutive_skips:  # every rank: the norm is the same on all of them
+            raise too_many_skips(self.skips_in_a_row, self.max_consecutive_skips)
         optimizer.step()
-        # Lightning's bf16-mixed runs the whole step inside one autocast, whose cache keeps each weight's bf16
-        # copy until that autocast exits, however the weight changed: the next mini-batch would train on the
-        # weights this step started from.
+        # Lightning's bf16-mixed runs the step in one autocast, whose cache keeps each weight's bf16 copy until it
+        # exits, however the weight changed: the next mini-batch would train on the weights this step started from.
         torch.clear_autocast_cache()
         if applied:
             scheduler.step()
