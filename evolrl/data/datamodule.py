@@ -1,12 +1,10 @@
 """The DataModule: label-free prompts in, rollout groups out, never stale.
 
-Lightning fetches batch t+1 before it runs training step t. If that fetch
-sampled the rollouts, step t+1 would train on responses from the weights
-before step t. So a batch here is a :class:`RolloutRequest` (the prompts,
-already tokenized); the module calls ``request.sample()`` inside its training
-step, after the previous step's weights reached the engine. The resulting
-:class:`~evolrl.types.RolloutBatch` records the engine's weights version, which
-the module checks, and the sampling temperature.
+Lightning fetches batch t+1 before it runs training step t. If that fetch sampled the rollouts, step t+1 would train
+on responses from the weights before step t. So a batch here is a :class:`RolloutRequest` (the prompts, already
+tokenized); the module calls ``request.sample()`` inside its training step, after the previous step's weights reached
+the engine. The resulting :class:`~evolrl.types.RolloutBatch` records the engine's weights version, which the module
+checks, and the sampling temperature. A hash of the training prompts travels in checkpoints: a resume refuses others.
 
 This is the rollout side's one owner: it builds :attr:`RolloutDataModule.rollouts` (the engine, the sampling, the
 weights version; see :class:`~evolrl.rollout.Rollouts`) and registers on its trainer the
@@ -15,6 +13,7 @@ weights version; see :class:`~evolrl.rollout.Rollouts`) and registers on its tra
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -91,6 +90,8 @@ class RolloutDataModule(L.LightningDataModule):
         eval_prompts_per_batch: Problems per evaluation batch.
         dynamic_sampling: Drop groups whose trained rewards all agree and sample further prompts in their place
             (DAPO; ``max_rounds``); ``null``: off.
+        allow_changed_prompts: Resume from a checkpoint whose training prompts differ from these (a hash of them
+            travels in the checkpoint); false: refuse, since the loader's position would point into other prompts.
     """
 
     def __init__(
@@ -113,6 +114,7 @@ class RolloutDataModule(L.LightningDataModule):
         eval_sampling: Sampling | None = None,
         eval_prompts_per_batch: int = 8,
         dynamic_sampling: DynamicSampling | None = None,
+        allow_changed_prompts: bool = False,
     ) -> None:
         super().__init__()
         check_int("RolloutDataModule.max_prompt_tokens", max_prompt_tokens, 1)
@@ -136,6 +138,9 @@ class RolloutDataModule(L.LightningDataModule):
         require(dynamic_sampling is None or isinstance(dynamic_sampling, DynamicSampling),
                 "RolloutDataModule.dynamic_sampling", dynamic_sampling, allowed="null or max_rounds: <n>")
         self.dynamic_sampling = dynamic_sampling
+        require(isinstance(allow_changed_prompts, bool), "RolloutDataModule.allow_changed_prompts",
+                allow_changed_prompts, allowed="true or false")
+        self.allow_changed_prompts = allow_changed_prompts
         self.system_prompt = system_prompt
         require(all(isinstance(e, Example) for e in examples or []), "RolloutDataModule.examples", examples,
                 allowed="a list of {question: ..., response: ...}")
@@ -231,8 +236,15 @@ class RolloutDataModule(L.LightningDataModule):
         """The loader's next batch, sampled with ``round``'s seeds."""
         return replace(self._train_loader.take(), sampler=partial(self.rollouts.sample, round=round))
 
+    def prompts_hash(self) -> str:  # the training prompts as the policy reads them, in the source's order
+        return hashlib.sha256(repr([(p.id, ids) for p, ids in self.train_items]).encode()).hexdigest()[:16]
+
     def state_dict(self) -> dict:
-        return {"rollouts": self.rollouts.state_dict()}
+        return {"rollouts": self.rollouts.state_dict(), "prompts": self.prompts_hash()}
 
     def load_state_dict(self, state: dict) -> None:
+        saved = state.get("prompts")
+        if saved is not None and saved != self.prompts_hash() and not self.allow_changed_prompts:
+            raise DataError(f"data.train: the training prompts differ from those the checkpoint was trained on (hash "
+                            f"{self.prompts_hash()}, saved {saved}): restore them, or set data.allow_changed_prompts")
         self.rollouts.load_state_dict(state["rollouts"])
