@@ -4,6 +4,13 @@ Every class (reward, embedder, engine, prompt source, logger, callbacks) is chos
 ``class_path`` in the YAML; ``--help`` documents each option from the docstrings,
 ``--print_config`` shows the configuration as given (``data.seed: null`` there means "follow
 ``seed_everything``": one seed makes a run reproducible; the saved ``config.yaml`` holds the resolved value).
+
+``fit`` runs as a cluster job should (``evolrl.checkpoints``, docs/cluster.md): checkpoints go to
+``<default_root_dir>/checkpoints`` (the same directory on a requeue, whatever the logger's version), written
+atomically; the directory is checked and locked at start; ``--ckpt_path last`` is the newest checkpoint there, or
+step 0 with a line saying so; a resumed run uses the settings given now and lists those that differ from the
+checkpoint's; SIGTERM/SIGUSR1 save ``last.ckpt`` and exit ``128 + signal``; without a terminal, progress comes as
+lines; a run that cannot go on (a non-finite reward, a failed save) ends with one line and exit 1.
 """
 
 from __future__ import annotations
@@ -24,12 +31,18 @@ import yaml
 from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from evolrl import cpu_bf16
+from evolrl.checkpoints import CheckpointError, RunLock, check_writable, checkpoint_dir, refused
+from evolrl.checkpoints.job import job_parts, own_checkpoint_dir, resume_point
 from evolrl.data.datamodule import RolloutDataModule
 from evolrl.rollout.engine_sync import check_engine
 from evolrl.settings import SettingError
+from evolrl.lora import check_targets
+from evolrl.models import empty_policy, model_config
 from evolrl.training.module import EvolRLModule
+from evolrl.training.run_checks import TrainingStopped
 from evolrl.upgrade import moved_keys
 
 
@@ -42,7 +55,8 @@ class EvolRLCLI(LightningCLI):
         moved = moved_keys(given)
         if moved:
             parser.error("; ".join(f"{old} moved to {new}" for old, new in moved)
-                         + " (README.md, 'Upgrading': the table of moved keys)")
+                         + " (README.md, 'Upgrading')")
+        self.given_args = given  # for the command that resumes a preempted run
         self.config = parser.parse_args(with_class_defaults(given))  # as LightningCLI's own, on the rewritten list
 
     def add_arguments_to_parser(self, parser) -> None:
@@ -72,11 +86,48 @@ class EvolRLCLI(LightningCLI):
                 check_engine(self.model.mismatch_correction, self.datamodule.rollouts.engine)
                 if self.model.overlong is not None:  # its buffer against the sampling budget
                     self.model.overlong.check(self.datamodule.rollouts.sampling.max_new_tokens)
+            if self.model.lora is not None:  # the architecture alone, on the meta device
+                check_targets(self.model.lora, empty_policy(model_config(self.model.model_name,
+                                                                         self.model.trust_remote_code)))
         except (SettingError, ValueError) as err:
             setting = _setting_error(err)
             if setting is None:
                 raise
             self.parser.error(f"{setting} (in the configuration of `{self.subcommand}`)")
+
+    def _parse_ckpt_path(self) -> None:
+        """Nothing: LightningCLI would parse a checkpoint file's hyper-parameters over the configuration and the command
+        line; a resumed run here uses what it is given, and ``fit`` lists what differs (``_resume_from``)."""
+
+    def _instantiate_trainer(self, config: dict, callbacks: list) -> Trainer:
+        if self.subcommand != "fit":
+            return super()._instantiate_trainer(config, callbacks)
+        settings = yaml.safe_load(self.parser.dump(self.config, skip_link_targets=False, skip_none=False))["fit"]
+        given = getattr(self, "given_args", [])  # none where the configuration came as an object
+        trainer = super()._instantiate_trainer(config, [*callbacks, *job_parts(config, settings, given)])
+        own_checkpoint_dir(trainer)
+        self.settings = settings
+        return trainer
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        if subcommand != "fit":
+            return super()._run_subcommand(subcommand)
+        directory = checkpoint_dir(self.trainer)
+        lock = RunLock(directory)
+        if rank_zero_only.rank == 0:  # one process checks and holds the directory
+            check_writable(directory)
+            lock.acquire()
+        try:
+            path, changes = resume_point(self.config_init["fit"].get("ckpt_path"), directory, self.settings,
+                                         dict(self.model.hparams))
+            bad = refused(changes)
+            if bad:
+                self.parser.error("; ".join(f"{key}={new!r} cannot resume {path}, saved with {key}={old!r}"
+                                            for key, old, new in bad) + ": its tensors have that setting's shape")
+            self.config_init["fit"]["ckpt_path"] = str(path) if path is not None else None
+            super()._run_subcommand(subcommand)
+        finally:
+            lock.release()
 
 
 CLASS_PATH = re.compile(r"[A-Za-z_][\w.]*\.[A-Z]\w*")
@@ -148,9 +199,12 @@ def counts_stay_ints(function) -> None:
 
 
 def quiet_start() -> None:
-    """Drop two start-up lines a user cannot act on: Lightning's advertisement for a logging service, and a
-    deprecation inside Lightning's own pytree helper."""
+    """Drop start-up lines a user cannot act on: Lightning's advertisement for a logging service, a deprecation inside
+    Lightning's own pytree helper, its advice on manual optimization and checkpoints (evolrl checkpoints the weights
+    after the step, as intended), and the zero-length warning a run without evaluation sets gets."""
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    warnings.filterwarnings("ignore", message=r"Using ModelCheckpoint with manual optimization")
+    warnings.filterwarnings("ignore", message=r"Total length of `\w+` across ranks is zero")
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
         lambda record: not record.getMessage().startswith("💡 Tip:"))
 
@@ -162,11 +216,14 @@ def main(args: list[str] | None = None, run: bool = True) -> EvolRLCLI:
     quiet_start()
     set_parsing_settings(docstring_parse_attribute_docstrings=True)  # dataclass field docs in --help
     counts_stay_ints(Trainer.__init__)
-    return EvolRLCLI(
-        EvolRLModule,
-        RolloutDataModule,
-        seed_everything_default=0,
-        save_config_kwargs={"overwrite": True},
-        args=args,
-        run=run,
-    )
+    try:
+        return EvolRLCLI(
+            EvolRLModule,
+            RolloutDataModule,
+            seed_everything_default=0,
+            save_config_kwargs={"overwrite": True},
+            args=args,
+            run=run,
+        )
+    except (TrainingStopped, CheckpointError) as err:  # the cause and what to do, in one line
+        sys.exit(f"evolrl: error: {err}")

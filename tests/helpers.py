@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import glob
+import os
 import socket
 from contextlib import contextmanager
 from dataclasses import fields
@@ -108,6 +109,7 @@ def tiny_config(tmp_path: Path, model: str, steps: int = 2, reward: str = "EvolR
         "seed_everything": 0,
         "trainer": {
             "accelerator": "cpu", "max_epochs": 1, "limit_train_batches": steps, "log_every_n_steps": 1,
+            "default_root_dir": str(tmp_path),
             "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False,
             "val_check_interval": 1, "num_sanity_val_steps": -1,
             "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
@@ -373,3 +375,29 @@ def stops_where_written(engine, prompts, ids, tokenizer) -> None:
         else:
             assert stopped.response_ids[v] == free.response_ids[v]
     assert ends_at_its_stop_string(stopped, (stop,), tokenizer, engine.stops()) >= 1
+
+
+class SignalAt(L.Callback):
+    """Sends this process ``signum`` as training step ``step`` starts (as a scheduler's SIGTERM would arrive)."""
+
+    def __init__(self, step: int, signum: int = 15) -> None:
+        self.step, self.signum = step, signum
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+class NaNAfter(MajorityVoteReward):
+    """TTRL's reward, but NaN for the first group's responses from its ``calls``-th call on (a reward bug)."""
+
+    def __init__(self, calls: int = 2) -> None:
+        super().__init__()
+        self.calls, self.seen = calls, 0
+
+    def __call__(self, batch, policy=None):
+        output = super().__call__(batch)
+        self.seen += 1
+        if self.seen >= self.calls:
+            output.rewards[0] = float("nan")
+        return output

@@ -1,0 +1,114 @@
+"""Preemption: SIGTERM or SIGUSR1 ends a run with a checkpoint that ``--ckpt_path last`` finds, and a non-zero exit.
+
+Clusters stop jobs with SIGTERM (SLURM's preemption and time limit, Kubernetes, spot instances), then SIGKILL after a
+grace period; SLURM's ``--signal=USR1@<seconds>`` warns ahead of the limit. Lightning's own handling finishes the
+step and the evaluation after it, saves nothing and exits 0, so a job scheduler takes the run for finished.
+
+Here the signal is only noted. At the end of the training step in progress (after the new weights reach the engine),
+every rank agrees on it (one all-reduce), the run saves ``last.ckpt`` in its checkpoint directory, prints one line
+naming it and the command that resumes it, and exits with ``128 + signal``: 143 for SIGTERM, 138 for SIGUSR1, what a
+shell reports for a process the signal ended. So SLURM (``afterok`` dependencies), Kubernetes (``podFailurePolicy``
+on exit codes) and torchrun (a failed worker) see a run that did not finish. The step in progress is finished, not
+abandoned: its bounds are known (one step's time), and a checkpoint at a step's end resumes exactly. An evaluation
+in progress is abandoned after its current batch (an evaluation can take longer than a grace period); the resumed
+run goes on training and evaluates at the next interval. A signal during the sanity check, before any step, saves
+nothing new. docs/cluster.md has the timings and what to set where a step is longer than the grace period.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+
+import lightning as L
+import torch
+from lightning.pytorch.trainer.states import TrainerFn
+
+from evolrl.checkpoints.run_dir import checkpoint_dir
+
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Preempted(SystemExit):
+    """The run stopped on a signal after saving its checkpoint; the exit code is ``128 + signal``."""
+
+
+class Preemption(L.Callback):
+    """On SIGTERM or SIGUSR1: ``last.ckpt`` at the end of the step in progress, one line, exit ``128 + signal``.
+
+    Args:
+        resume_command: The command printed for resuming (``python -m evolrl`` gives the one it was started with).
+    """
+
+    def __init__(self, resume_command: str | None = None) -> None:
+        self.resume_command = resume_command
+        self.received: int = 0
+        self.received_at = 0.0
+        self.launcher = None
+        self.abandoned_evaluation = False
+
+    # ---- the signal: noted only ---------------------------------------------------------------
+    def _note(self, signum: int, frame) -> None:
+        if not self.received:
+            self.received, self.received_at = signum, time.monotonic()
+            if self.launcher is not None:  # processes Lightning started for the other local ranks
+                self.launcher.kill(signum)
+
+    def _install(self, trainer) -> None:
+        # After Lightning registered its own handlers (it does so just before the sanity check); it restores the
+        # earlier ones at teardown.
+        if threading.current_thread() is threading.main_thread():
+            self.launcher = trainer.strategy.launcher
+            for signum in SIGNALS:
+                signal.signal(signum, self._note)
+
+    def on_sanity_check_start(self, trainer, module) -> None:
+        self._install(trainer)
+
+    def on_train_start(self, trainer, module) -> None:
+        self._install(trainer)
+
+    def _agreed(self, trainer) -> int:
+        """The signal any rank received (the largest number), 0 for none; the same on every rank."""
+        if trainer.world_size == 1:
+            return self.received
+        flag = torch.tensor(self.received, device=trainer.strategy.root_device)
+        return int(trainer.strategy.reduce(flag, reduce_op="max").item())
+
+    # ---- where a run can stop -----------------------------------------------------------------
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        signum = self._agreed(trainer)
+        if signum:
+            self._stop(trainer, signum, save=True)
+
+    def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if trainer.state.fn != TrainerFn.FITTING:
+            return
+        signum = self._agreed(trainer)
+        if signum:
+            self.abandoned_evaluation = not trainer.sanity_checking
+            self._stop(trainer, signum, save=not trainer.sanity_checking)
+
+    def on_save_checkpoint(self, trainer, module, checkpoint: dict) -> None:
+        if self.abandoned_evaluation:  # resume as after a finished evaluation, not in the middle of this one
+            progress = checkpoint["loops"]["fit_loop"]["epoch_loop.val_loop.batch_progress"]
+            for counts in (progress["total"], progress["current"]):
+                counts["ready"] = counts["started"] = counts["processed"] = counts["completed"]
+
+    def _stop(self, trainer, signum: int, save: bool) -> None:
+        name, code, step = signal.Signals(signum).name, 128 + signum, trainer.global_step
+        if save:
+            path = checkpoint_dir(trainer) / "last.ckpt"
+            start = time.monotonic()
+            trainer.save_checkpoint(path, weights_only=False)
+            what = f"saved {path} (step {step}) in {time.monotonic() - start:.1f} s"
+        else:
+            what = "no training step since the start: nothing new to save"
+        waited = f"{time.monotonic() - self.received_at:.1f} s after it" if self.received else "on another rank's"
+        if trainer.is_global_zero:
+            resume = f"; resume with: {self.resume_command}" if self.resume_command else ""
+            print(f"evolrl: {name} received, stopping at step {step}, {waited}: {what}{resume}; exit code {code}",
+                  file=sys.stdout, flush=True)
+        raise Preempted(code)
