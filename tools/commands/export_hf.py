@@ -1,6 +1,6 @@
 """Export a training checkpoint as a Hugging Face model directory (safetensors + tokenizer).
 
-    python -m tools.commands.export_hf runs/demo/version_0/checkpoints/last.ckpt exported/
+    python -m tools.commands.export_hf runs/demo/checkpoints/last.ckpt exported/
     python -c "from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained('exported')"
 
 A LoRA run's checkpoint (adapters only) is merged into its base; ``--adapter-dir DIR`` also writes the adapter alone
