@@ -1,4 +1,5 @@
 import itertools
+import math
 import random
 from math import comb
 
@@ -109,6 +110,17 @@ def test_label_free_diagnostics_by_hand():
     assert stats["reward_accuracy"] == 0.25
     assert "label_accuracy" not in label_free_diagnostics(out)
     assert "trailing_fraction" not in stats  # a reward without the component: nothing logged
+
+
+def test_label_free_diagnostics_of_a_step_without_a_scored_response_warn_nothing():
+    """Every reward NaN (none scored): the reward statistics are NaN, and torch's std() of nothing warns no one."""
+    import warnings
+
+    out = RewardOutput(rewards=torch.full((1, 2), float("nan")), answers=(("1", "2"),), labels=("1",), components={})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stats = label_free_diagnostics(out)
+    assert math.isnan(stats["reward_mean"]) and math.isnan(stats["reward_std"])
 
 
 def test_trailing_fraction_counts_responses_with_text_after_their_answer():

@@ -8,6 +8,7 @@ label right?) and ``reward_accuracy`` (does "agrees with the majority" match
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -44,7 +45,7 @@ def label_free_diagnostics(
     group_var = ((rewards - group_mean) ** 2).nanmean(dim=1)
     stats = {
         "reward_mean": rewards[scored].mean().item(),
-        "reward_std": rewards[scored].std(unbiased=False).item(),
+        "reward_std": rewards[scored].std(unbiased=False).item() if scored.any() else math.nan,  # no torch warning
         "zero_variance_groups": (group_var.sqrt() <= ZERO_VARIANCE_ATOL).float().mean().item(),
     }
     if "valid" in parts:
