@@ -37,10 +37,10 @@ from evolrl import cpu_bf16
 from evolrl.checkpoints import CheckpointError, RunLock, check_writable, checkpoint_dir, refused
 from evolrl.checkpoints.job import job_parts, own_checkpoint_dir, resume_point
 from evolrl.data.datamodule import RolloutDataModule
-from evolrl.rollout.engine_sync import check_engine
-from evolrl.settings import SettingError
 from evolrl.lora import check_targets
 from evolrl.models import empty_policy, model_config
+from evolrl.rollout.engine_sync import check_engine
+from evolrl.settings import SettingError
 from evolrl.training.module import EvolRLModule
 from evolrl.training.run_checks import TrainingStopped
 from evolrl.upgrade import moved_keys
@@ -97,7 +97,7 @@ class EvolRLCLI(LightningCLI):
 
     def _parse_ckpt_path(self) -> None:
         """Nothing: LightningCLI would parse a checkpoint file's hyper-parameters over the configuration and the command
-        line; a resumed run here uses what it is given, and ``fit`` lists what differs (``_resume_from``)."""
+        line; a resumed run here uses what it is given, and ``fit`` lists what differs (``job.resume_point``)."""
 
     def _instantiate_trainer(self, config: dict, callbacks: list) -> Trainer:
         if self.subcommand != "fit":

@@ -34,9 +34,9 @@ from evolrl.settings import check_choice, require
 from evolrl.training.batching import Batching
 from evolrl.training.build import DTYPES, Dtypes, Frozen, build_models
 from evolrl.training.evaluation import grade_request
-from evolrl.training.run_checks import FlatRewardCheck
 from evolrl.training.loss import GRPOLoss, plain
 from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, schedule_started, start_schedule
+from evolrl.training.run_checks import FlatRewardCheck
 from evolrl.training.scoring import Scoring, fresh, score_rounds
 from evolrl.training.update import GRPOUpdate
 from evolrl.types import EvalOutput, RolloutBatch, RolloutSource, StepOutput
@@ -173,8 +173,8 @@ class EvolRLModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.lora is not None and self.device_mesh is None:  # adapters only; a sharded (FSDP2) one stays whole
             checkpoint["state_dict"] = adapter_state(checkpoint["state_dict"])
-        checkpoint["evolrl"] = {"skipped_steps": self.update.skipped_steps, "skips_in_a_row": self.update.skips_in_a_row,
-                                **self.flat_rewards.state_dict(),
+        skips = {"skipped_steps": self.update.skipped_steps, "skips_in_a_row": self.update.skips_in_a_row}
+        checkpoint["evolrl"] = {**skips, **self.flat_rewards.state_dict(),
                                 "torch_rng_state": torch.get_rng_state()}  # dropout in the policy, if any
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
