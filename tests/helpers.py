@@ -378,13 +378,14 @@ def stops_where_written(engine, prompts, ids, tokenizer) -> None:
 
 
 class SignalAt(L.Callback):
-    """Sends this process ``signum`` as training step ``step`` starts (as a scheduler's SIGTERM would arrive)."""
+    """Sends this process ``signum`` as training step ``step`` starts (as a scheduler's SIGTERM would arrive); with
+    ``rank``, only that rank's process."""
 
-    def __init__(self, step: int, signum: int = 15) -> None:
-        self.step, self.signum = step, signum
+    def __init__(self, step: int, signum: int = 15, rank: int | None = None) -> None:
+        self.step, self.signum, self.rank = step, signum, rank
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
-        if trainer.global_step == self.step:
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
             os.kill(os.getpid(), self.signum)
 
 

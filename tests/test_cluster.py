@@ -7,7 +7,7 @@ both runs are in this process, on this machine, with the same seeded sampling, a
 
 from __future__ import annotations
 
-import errno
+import os
 import signal
 import subprocess
 import sys
@@ -73,6 +73,29 @@ def test_sigterm_saves_exits_143_and_the_resumed_run_ends_as_an_uninterrupted_on
     assert resumed.trainer.global_step == 4
     final = weights(resumed)
     assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in expected)
+
+
+def test_two_fsdp2_ranks_stop_at_the_same_step_when_one_gets_the_signal(tmp_path, tiny_model):
+    """Rank 1 alone is signalled during step 1 (as a scheduler that signals one node first): both ranks agree at
+    that step's end, write one sharded ``last.ckpt`` together and exit 143; the requeue resumes from it. As a
+    cluster runs it: the command in a subprocess, Lightning starting the second rank's process itself."""
+    config = run_config(tmp_path, tiny_model, steps=3, callbacks=[
+        {"class_path": "helpers.SignalAt", "init_args": {"step": 1, "rank": 1}}], devices=2, enable_progress_bar=True,
+        strategy={"class_path": "evolrl.distributed.ModelParallelStrategy",
+                  "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1}})
+    config.write_text(config.read_text().replace("prompts_per_step: 2", "prompts_per_step: 1"))
+    launcher = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK")
+    env = {**{k: v for k, v in os.environ.items() if k not in launcher}, "PYTHONPATH": str(ROOT / "tests")}
+    command = [sys.executable, "-m", "evolrl", "fit", "--config", str(config), "--ckpt_path", "last"]
+    first = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 143, first.stdout[-2000:] + first.stderr[-3000:]
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert "SIGTERM received, stopping at step 2, signalled on another rank: saved" in first.stdout
+    assert (last / "meta.pt").is_file()
+    assert torch.load(last / "meta.pt", weights_only=True)["global_step"] == 2
+    requeue = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert requeue.returncode == 0, requeue.stdout[-2000:] + requeue.stderr[-3000:]
+    assert f"resuming from {last} (step 2)" in requeue.stdout and "] step 3/3  " in requeue.stdout
 
 
 def test_sigusr1_exits_138(tmp_path, tiny_model):

@@ -106,7 +106,8 @@ class Preemption(L.Callback):
             what = f"saved {path} (step {step}) in {time.monotonic() - start:.1f} s"
         else:
             what = "no training step since the start: nothing new to save"
-        waited = f"{time.monotonic() - self.received_at:.1f} s after it" if self.received else "on another rank's"
+        waited = (f"{time.monotonic() - self.received_at:.1f} s after it" if self.received
+                  else "signalled on another rank")
         if trainer.is_global_zero:
             resume = f"; resume with: {self.resume_command}" if self.resume_command else ""
             print(f"evolrl: {name} received, stopping at step {step}, {waited}: {what}{resume}; exit code {code}",
