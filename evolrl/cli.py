@@ -39,7 +39,7 @@ from evolrl.checkpoints.job import job_parts, own_checkpoint_dir, resume_point
 from evolrl.data.datamodule import RolloutDataModule
 from evolrl.lora import check_targets
 from evolrl.models import empty_policy, model_config
-from evolrl.rollout.engine_sync import check_engine
+from evolrl.rollout.sampler import check_engine
 from evolrl.settings import SettingError
 from evolrl.training.module import EvolRLModule
 from evolrl.training.run_checks import TrainingStopped

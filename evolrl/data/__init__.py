@@ -1,9 +1,10 @@
 """Prompts in, rollout groups out."""
 
 from evolrl.data.chat import PAPER_SYSTEM_PROMPT, Example, render_prompt
-from evolrl.data.datamodule import RolloutDataModule, RolloutRequest
+from evolrl.data.datamodule import RolloutDataModule
 from evolrl.data.eval_set import EvalSet
 from evolrl.data.generated import AdditionPrompts
+from evolrl.data.requests import RolloutRequest
 from evolrl.data.sources import DataError, HubDataset, PromptFile, PromptSource
 from evolrl.data.word_problems import WordProblems
 

@@ -1,21 +1,18 @@
 """The DataModule: label-free prompts in, rollout groups out, never stale.
 
-Lightning fetches batch t+1 before it runs training step t. If that fetch sampled the rollouts, step t+1 would train
-on responses from the weights before step t. So a batch here is a :class:`RolloutRequest` (the prompts, already
-tokenized); the module calls ``request.sample()`` inside its training step, after the previous step's weights reached
-the engine. The resulting :class:`~evolrl.types.RolloutBatch` records the engine's weights version, which the module
-checks, and the sampling temperature. A hash of the training prompts travels in checkpoints: a resume refuses others.
-
 This is the rollout side's one owner: it builds :attr:`RolloutDataModule.rollouts` (the engine, the sampling, the
-weights version; see :class:`~evolrl.rollout.Rollouts`) and registers on its trainer the
-:class:`~evolrl.rollout.EngineSync` callback that moves the trained module's weights to the engine.
+weights version; see :class:`~evolrl.rollout.Rollouts`) and is the training step's :class:`~evolrl.rollout.Sampler`:
+the step takes its rollouts (``next_rollouts``) and hands over the new weights (``hand_weights``) by name. Its
+loaders yield :class:`~evolrl.data.requests.RolloutRequest` batches, sampled only when the step asks (Lightning
+fetches a batch ahead); a :class:`~evolrl.types.RolloutBatch` records the engine's weights version, which the module
+checks, and the sampling temperature. A hash of the training prompts travels in checkpoints: a resume refuses others.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+import time
+from dataclasses import replace
 from functools import partial
 
 import lightning as L
@@ -25,42 +22,14 @@ from torch.utils.data import DataLoader
 from evolrl.data.chat import PAPER_SYSTEM_PROMPT, Example, render_prompt
 from evolrl.data.eval_set import EvalSet
 from evolrl.data.loader import PromptLoader
+from evolrl.data.requests import RolloutRequest
 from evolrl.data.sources import DataError, PromptSource, require_answers
 from evolrl.models import load_tokenizer
-from evolrl.rollout import DynamicSampling, EngineSync, Rollouts, Sampling, Seeds
+from evolrl.rollout import DynamicSampling, Rollouts, Sampling, Seeds, check_engine
 from evolrl.rollout.engine import RolloutEngine
 from evolrl.rollout.vllm_engine import VLLMEngine
 from evolrl.settings import check_int, require
 from evolrl.types import Prompt, RolloutBatch
-
-
-@dataclass(frozen=True)
-class RolloutRequest:
-    """A batch of prompts whose responses are sampled only when asked (see module docstring)."""
-
-    prompts: tuple[Prompt, ...]
-    prompt_ids: tuple[tuple[int, ...], ...]
-    sampler: Callable[[Sequence[Prompt], Sequence[Sequence[int]]], RolloutBatch]
-    eval_set: EvalSet | None = None
-    """The evaluation set of a validation/test batch (its name and grader); ``None`` for training."""
-    max_rounds: int = 1
-    """Sampling rounds the step may take (dynamic sampling); 1: this batch only."""
-    further: Callable[[int], RolloutRequest] | None = None
-    """The next prompts' request, sampled for a given round (dynamic sampling)."""
-
-    def sample(self) -> RolloutBatch:
-        """Generate the response groups now, with the engine's current weights."""
-        return self.sampler(self.prompts, self.prompt_ids)
-
-    def more(self, round: int) -> RolloutRequest:
-        """The request of the step's further prompts, sampled with ``round``'s seeds (dynamic sampling)."""
-        if self.further is None:
-            raise RuntimeError("this batch has no further prompts: dynamic sampling is off (data.dynamic_sampling)")
-        return self.further(round)
-
-    def to(self, *args, **kwargs) -> RolloutRequest:
-        """Itself: nothing to move to a device (see :meth:`evolrl.types.RolloutBatch.to`)."""
-        return self
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -155,16 +124,16 @@ class RolloutDataModule(L.LightningDataModule):
         self._train_loader: PromptLoader | None = None
 
     def setup(self, stage: str | None = None) -> None:
-        if self.trainer is not None and not any(isinstance(c, EngineSync) for c in self.trainer.callbacks):
-            # First: a checkpoint saved at a training step's end (ModelCheckpoint) then holds the version just pushed.
-            self.trainer.callbacks.insert(0, EngineSync(self.rollouts))
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        if stage == "fit":  # what the module needs of the engine
+            check_engine(getattr(module, "mismatch_correction", None), self.rollouts.engine)
         if self.tokenizer is not None:
             return
         if not self.model:
             raise ValueError("RolloutDataModule needs the policy's model string (data.model, linked to model.model)")
         self.tokenizer = load_tokenizer(self.model, self.trust_remote_code)
         self.train_items, self.dropped_prompts = self._encode(self.source.load(), "training")
-        reward = getattr(self.trainer.lightning_module, "reward", None) if self.trainer is not None else None
+        reward = getattr(module, "reward", None)
         if stage in ("fit", None) and getattr(reward, "needs_answers", False):  # the module's published reward
             require_answers(self.training_prompts(), who=type(reward).__name__)
         self.eval_items = [self._encode(s.load(), f"evaluation set {s.name!r}")[0] for s in self.eval_sets]
@@ -181,6 +150,19 @@ class RolloutDataModule(L.LightningDataModule):
             )
         longest_prompt = max(len(ids) for items in (self.train_items, *self.eval_items) for _, ids in items)
         self.rollouts.setup(self.tokenizer, longest_prompt, evaluates=bool(self.eval_sets), rank=rank)
+
+    def next_rollouts(self, batch: RolloutRequest | RolloutBatch) -> RolloutBatch:
+        """The rollouts of the loader's next ``batch``, sampled now with the weights the engine holds (the step's);
+        rollouts given as such are returned as they are."""
+        return batch if isinstance(batch, RolloutBatch) else batch.sample()
+
+    def hand_weights(self, policy, new: bool = True) -> float:
+        """Give the engine ``policy``'s weights as the next version (``new``) or, unless it holds them, as the current
+        one (before training, after a restore, before an evaluation); the seconds it took."""
+        start = time.perf_counter()
+        if new or not self.rollouts.loaded:
+            self.rollouts.push(policy, new_version=new)
+        return time.perf_counter() - start
 
     def training_prompts(self) -> list[Prompt]:
         """Every training prompt this run can draw (after ``setup``), in the source's order."""

@@ -2,8 +2,8 @@
 
 :class:`Rollouts` is the one place where the engine is sized, the trained G of each group's V
 responses are drawn, the weights version is counted and sampling seeds are taken from
-:class:`~evolrl.rollout.seeds.Seeds`. The data module builds it and samples through it; weights reach it through
-:class:`~evolrl.rollout.EngineSync` alone. Its state (the weights version) is part of every checkpoint.
+:class:`~evolrl.rollout.seeds.Seeds`. The data module builds it, samples through it and hands it the weights the
+training step gives (``sampler.py``). Its state (the weights version) is part of every checkpoint.
 """
 
 from __future__ import annotations

@@ -8,12 +8,11 @@ Non-obvious decisions:
   differ from the trainer's), from the first mini-batch's own pass or a reward's pass (``scoring.py``).
 * A reference model exists only when ``kl_coef > 0``; the policy's weights stay in ``dtype`` under bf16 precision,
   only copies are bf16 (``build.py``). Under bf16-mixed the update clears autocast's weight cache per optimizer step.
-* The module trains on the batches it is given: a :class:`~evolrl.types.RolloutBatch`, or a
-  :class:`~evolrl.types.RolloutSource` sampled inside ``training_step`` (a batch fetched ahead would come from older
-  weights), refused if another version of the weights sampled it. It only publishes ``policy``; whatever samples reads
-  the weights from there (through its own callback).
-* A "step" is a training step everywhere: ``global_step``, ``max_steps``, checkpoint names, the progress bar, the
-  curves and ``val_check_interval`` count rollout batches, however many optimizer steps each takes.
+* The step takes its rollouts from the data module by name, and hands it the new weights at its end
+  (``evolrl/rollout/sampler.py``); rollouts from another version of the weights are refused. A data module of
+  recorded rollouts samples nothing: its batches are trained as they are.
+* A "step" is a training step everywhere (``global_step``, ``max_steps``, checkpoints, curves, ``val_check_interval``):
+  one rollout batch, however many optimizer steps it takes.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from evolrl.training.batching import Batching
 from evolrl.training.build import DTYPES, Dtypes, Frozen, build_models
 from evolrl.training.evaluation import grade_request
 from evolrl.training.loss import GRPOLoss, plain
-from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, schedule_started, start_schedule
+from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, start_schedule_once
 from evolrl.training.run_checks import FlatRewardCheck
 from evolrl.training.scoring import Scoring, fresh, score_rounds
 from evolrl.training.update import GRPOUpdate
@@ -120,8 +119,7 @@ class EvolRLModule(L.LightningModule):
         require(isinstance(cpu_keep_freed_memory, bool), "EvolRLModule.cpu_keep_freed_memory", cpu_keep_freed_memory,
                 allowed="true or false")
         self.cpu_keep_freed_memory = cpu_keep_freed_memory
-        self.policy = None
-        """The trained model (published: whatever samples the batches reads its weights from here)."""
+        self.policy = None  # the trained model; the step hands its weights to the sampler
         self.reference: Frozen | None = None
         self.flat_rewards = FlatRewardCheck()
 
@@ -159,17 +157,6 @@ class EvolRLModule(L.LightningModule):
                                                self.optim_cfg)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
-    def start_schedule(self, sequences: int) -> None:
-        """At the first training step: the schedule's length, the run's training steps x optimizer steps per step."""
-        scheduler = self.lr_schedulers()
-        if schedule_started(scheduler):
-            return
-        steps = self.trainer.estimated_stepping_batches
-        require(steps != float("inf") and steps >= 1, "trainer.max_steps", self.trainer.max_steps,
-                allowed="a positive number of training steps: the training data has no length, so the "
-                "learning-rate schedule needs max_steps to know the run's length")
-        start_schedule(scheduler, int(steps) * self.update.optimizer_steps(sequences))
-
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.lora is not None and self.device_mesh is None:  # adapters only; a sharded (FSDP2) one stays whole
             checkpoint["state_dict"] = adapter_state(checkpoint["state_dict"])
@@ -195,10 +182,22 @@ class EvolRLModule(L.LightningModule):
         check(self.policy, self.device, packed=b.packed, flex=b.flex_attention, fused_head=b.fused_head,
               compiled=b.compile_blocks)
 
+    @property
+    def sampler(self):  # the data module when it samples (an ``evolrl.rollout.Sampler``); none: recorded rollouts
+        data = self.trainer.datamodule
+        return data if callable(getattr(data, "next_rollouts", None)) and hasattr(data, "hand_weights") else None
+
+    def on_train_start(self) -> None:  # not at fit's start: a sharded checkpoint is restored after on_fit_start
+        if self.sampler is not None:
+            self.sampler.hand_weights(self.policy, new=False)
+
+    on_validation_start = on_test_start = on_train_start
+
     # ---- one training step --------------------------------------------------------------
     def training_step(self, batch: RolloutBatch | RolloutSource, batch_idx: int) -> StepOutput:
         t0 = time.perf_counter()
-        rollouts = fresh(batch, self.trainer.global_step)
+        sampler = self.sampler
+        rollouts = fresh(sampler.next_rollouts(batch) if sampler else batch, self.trainer.global_step)
         t1 = time.perf_counter()
         scoring = Scoring(self.reward, self.advantages, self.overlong, self.device,
                           policy_pass=lambda seqs, temperature: self.update.policy_pass(self.policy, seqs, temperature),
@@ -208,20 +207,21 @@ class EvolRLModule(L.LightningModule):
         t2 = time.perf_counter()
         self.flat_rewards(scored.advantages)
         seqs = scored.seqs
-        self.start_schedule(rollouts.trained.numel())  # as sampled: a step of dynamic sampling may train fewer
+        # as sampled: a step of dynamic sampling may train fewer
+        start_schedule_once(self.lr_schedulers(), self.trainer, self.update.optimizer_steps(rollouts.trained.numel()))
         optimizer = CountedOnce(self.optimizers(), self.trainer.strategy, self.update.optimizer_steps(len(seqs)))
         stats = self.update(self.policy, self.reference.model if self.reference else None, seqs,
                             temperature=rollouts.temperature, optimizer=optimizer, scheduler=self.lr_schedulers(),
                             backward=self.manual_backward, world_size=self.trainer.world_size,
                             policy_pass=scored.policy_pass, max_new_tokens=rollouts.max_new_tokens)
         t3 = time.perf_counter()
-
+        sync = sampler.hand_weights(self.policy) if sampler else 0.0  # the next step samples with these weights
         stats |= scored.stats | {
             "advantage_abs": scored.advantages.abs().mean().item(),
             "lr": self.optimizers().param_groups[0]["lr"],
             "skipped_steps": float(self.update.skipped_steps),
         }
-        timing = {"step": t3 - t0, "sample": t1 - t0, "reward": t2 - t1, "update": t3 - t2}
+        timing = {"step": t3 - t0, "sample": t1 - t0, "reward": t2 - t1, "update": t3 - t2, "sync": sync}
         # Entropy, lengths and the label-free diagnostics: the callbacks (evolrl.callbacks) read the output.
         logged = {k if k.startswith("mismatch/") else f"train/{k}": v for k, v in stats.items() if k != "entropy"}
         self.log_dict(logged, on_step=True, batch_size=len(seqs))

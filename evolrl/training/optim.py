@@ -103,6 +103,18 @@ def start_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: in
         group["lr"] = base * schedule(scheduler.last_epoch)
 
 
+def start_schedule_once(scheduler, trainer, optimizer_steps: int) -> None:
+    """At the first training step (not after a restore): the schedule's length, the run's training steps (the
+    trainer's estimate, which needs ``max_steps`` where the data have no length) x ``optimizer_steps`` per step."""
+    if schedule_started(scheduler):
+        return
+    steps = trainer.estimated_stepping_batches
+    require(steps != float("inf") and steps >= 1, "trainer.max_steps", trainer.max_steps,
+            allowed="a positive number of training steps: the training data has no length, so the "
+            "learning-rate schedule needs max_steps to know the run's length")
+    start_schedule(scheduler, int(steps) * optimizer_steps)
+
+
 class CountedOnce:
     """The optimizer as the update sees it during one training step of ``steps`` optimizer steps.
 

@@ -108,7 +108,7 @@ def run_evolrl(a: argparse.Namespace) -> dict:
             trained = sum(len(g.prompt_ids) + len(g.response_ids[v])
                           for g, picks in zip(rollouts.groups, rollouts.trained.tolist()) for v in picks)
             timing = outputs["timing"]
-            # EngineSync's push runs after training_step, before this hook: "sync" is the step's time past the module's
+            # the step hands the engine its weights after its own "step" time: "sync" is the time past it
             steps.append({"step": total, "sample": timing["sample"], "reward": timing["reward"],
                           "update": total - timing["sample"] - timing["reward"], "sync": total - timing["step"],
                           "tokens": trained})

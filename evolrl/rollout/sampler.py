@@ -1,0 +1,37 @@
+"""The training step's two calls to the rollout side, by name: take the next rollouts, hand over the new weights.
+
+A training step (``EvolRLModule.training_step``) reads top to bottom: ``next_rollouts`` returns the responses to train
+on (sampled now, with the weights of this step), and after the update ``hand_weights`` gives the sampler the new
+weights, as the next version, before the step ends (so a checkpoint saved at the step's end holds that version).
+Before training or an evaluation the module hands over the current weights, unless the engine holds them (a resumed
+run's restored weights, an evaluation without training). ``evolrl.data.RolloutDataModule`` is the :class:`Sampler`;
+a data module of recorded rollouts is none, and the module trains on its batches as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from evolrl.rollout.engine import RolloutEngine
+from evolrl.settings import require
+from evolrl.types import RolloutBatch, RolloutSource
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """What samples a run's rollouts and takes its weights (module docstring)."""
+
+    def next_rollouts(self, batch: RolloutSource) -> RolloutBatch:
+        """The rollouts of the loader's next ``batch``."""
+
+    def hand_weights(self, policy: Any, new: bool = True) -> float:
+        """Give the sampler ``policy``'s weights as the next version (``new``) or, unless it holds them, as the
+        current one; the seconds it took."""
+
+
+def check_engine(mismatch_correction: object | None, engine: RolloutEngine) -> None:
+    """SettingError for a mismatch correction with an engine that does not report the log-probs it sampled with."""
+    require(mismatch_correction is None or engine.reports_logprobs, "GRPOLoss.mismatch_correction",
+            mismatch_correction,
+            allowed=f"null (no correction) with {type(engine).__name__}, which does not report the log-probs of the "
+            "tokens it samples (the correction weighs tokens by them); use evolrl.rollout.VLLMEngine")
