@@ -6,6 +6,7 @@ from evolrl.callbacks.diagnostics import LabelFreeDiagnostics
 from evolrl.callbacks.eval_responses import EvalResponses
 from evolrl.callbacks.pass_at_k import PassAtK
 from evolrl.callbacks.policy_stats import PolicyStats
+from evolrl.callbacks.progress_lines import LineProgress
 from evolrl.callbacks.run_summary import RunSummary
 from evolrl.callbacks.samples import SampleLogger
 
@@ -14,6 +15,7 @@ __all__ = [
     "EvalResponses",
     "EvalView",
     "LabelFreeDiagnostics",
+    "LineProgress",
     "PassAtK",
     "PolicyStats",
     "RunSummary",
