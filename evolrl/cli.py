@@ -37,8 +37,6 @@ from evolrl import cpu_bf16
 from evolrl.checkpoints import CheckpointError, RunLock, check_writable, checkpoint_dir, refused
 from evolrl.checkpoints.job import job_parts, own_checkpoint_dir, resume_point
 from evolrl.data.datamodule import RolloutDataModule
-from evolrl.lora import check_targets
-from evolrl.models import empty_policy, model_config
 from evolrl.rollout.sampler import check_engine
 from evolrl.settings import SettingError
 from evolrl.training.module import EvolRLModule
@@ -86,9 +84,6 @@ class EvolRLCLI(LightningCLI):
                 check_engine(self.model.mismatch_correction, self.datamodule.rollouts.engine)
                 if self.model.overlong is not None:  # its buffer against the sampling budget
                     self.model.overlong.check(self.datamodule.rollouts.sampling.max_new_tokens)
-            if self.model.lora is not None:  # the architecture alone, on the meta device
-                check_targets(self.model.lora, empty_policy(model_config(self.model.model_name,
-                                                                         self.model.trust_remote_code)))
         except (SettingError, ValueError) as err:
             setting = _setting_error(err)
             if setting is None:

@@ -17,7 +17,7 @@ from evolrl.callbacks.progress_lines import LineProgress
 from evolrl.checkpoints.atomic import AtomicCheckpointIO
 from evolrl.checkpoints.preemption import Preemption
 from evolrl.checkpoints.resume import RunConfig, checkpoint_meta, differences, report
-from evolrl.checkpoints.run_dir import newest_checkpoint
+from evolrl.checkpoints.run_dir import newest_checkpoint, own_dir
 
 
 def job_parts(config: dict[str, Any], settings: dict[str, Any], given: list[str]) -> list:
@@ -40,7 +40,7 @@ def own_checkpoint_dir(trainer) -> None:
     directory: a requeued run, whose logger starts a new version, finds them there."""
     for callback in trainer.checkpoint_callbacks:
         if isinstance(callback, ModelCheckpoint) and callback.dirpath is None:
-            callback.dirpath = str(Path(trainer.default_root_dir) / "checkpoints")
+            callback.dirpath = str(own_dir(trainer))
 
 
 def resume_command(given: list[str]) -> str:

@@ -25,11 +25,15 @@ PREVIOUS = ".previous"
 """A sharded checkpoint's old directory while its new one is renamed into place (``distributed.py``)."""
 
 
+def own_dir(trainer) -> Path:
+    """``<default_root_dir>/checkpoints``: the run's checkpoint directory unless a ``ModelCheckpoint`` names one."""
+    return Path(trainer.default_root_dir) / "checkpoints"
+
+
 def checkpoint_dir(trainer) -> Path:
-    """The first ``ModelCheckpoint``'s ``dirpath``, else ``<default_root_dir>/checkpoints``."""
-    callback = trainer.checkpoint_callback
-    dirpath = getattr(callback, "dirpath", None)
-    return Path(dirpath if dirpath else Path(trainer.default_root_dir) / "checkpoints")
+    """The first ``ModelCheckpoint``'s ``dirpath``, else :func:`own_dir`."""
+    dirpath = getattr(trainer.checkpoint_callback, "dirpath", None)
+    return Path(dirpath) if dirpath else own_dir(trainer)
 
 
 def newest_checkpoint(directory: Path) -> Path | None:

@@ -116,6 +116,8 @@ class EvolRLModule(L.LightningModule):
                 allowed="null (full fine-tuning) or an evolrl.lora.LoRA")
         self.lora = lora
         self.trust_remote_code = trust_remote_code
+        if lora is not None:  # its targets against the architecture alone (config.json, on the meta device)
+            check_targets(lora, empty_policy(model_config(model, trust_remote_code)))
         require(isinstance(cpu_keep_freed_memory, bool), "EvolRLModule.cpu_keep_freed_memory", cpu_keep_freed_memory,
                 allowed="true or false")
         self.cpu_keep_freed_memory = cpu_keep_freed_memory
@@ -136,8 +138,6 @@ class EvolRLModule(L.LightningModule):
                 "does not do)")
         if stage == "fit" and self.cpu_keep_freed_memory and self.trainer.strategy.root_device.type == "cpu":
             keep_freed_memory()
-        if self.lora is not None:  # before any weights load: the architecture alone, on the meta device
-            check_targets(self.lora, empty_policy(model_config(self.model_name, self.trust_remote_code)))
 
     def configure_model(self) -> None:
         if self.policy is not None:
