@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lightning.pytorch.utilities import rank_zero_warn
 from transformers import PreTrainedTokenizerBase
 
 from evolrl.settings import require
+from evolrl.types import Prompt
 
 PAPER_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
 """The system prompt of the paper (from SimpleRL-Zoo)."""
@@ -50,3 +52,17 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, question: str, system_prom
         return tokenizer(text, add_special_tokens=False)["input_ids"]
     text = (f"system: {system_prompt}\n" if system_prompt else "") + "".join(f"{r}: {t}\n" for r, t in turns)
     return tokenizer(text + "assistant:")["input_ids"]
+
+
+def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Prompt], system_prompt: str | None,
+                   examples: Sequence[Example], max_tokens: int,
+                   what: str) -> tuple[list[tuple[Prompt, tuple[int, ...]]], int]:
+    """Rendered, tokenized prompts within ``max_tokens``, and how many were dropped (with a warning naming
+    ``what``): a longer prompt is dropped, never truncated."""
+    encoded = [(p, tuple(render_prompt(tokenizer, p.question, system_prompt, examples))) for p in prompts]
+    kept = [(p, ids) for p, ids in encoded if len(ids) <= max_tokens]
+    dropped = len(encoded) - len(kept)
+    if dropped:
+        rank_zero_warn(f"{what}: dropped {dropped} of {len(encoded)} prompts longer than "
+                       f"max_prompt_tokens={max_tokens}")
+    return kept, dropped

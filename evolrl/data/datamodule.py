@@ -1,11 +1,12 @@
-"""The DataModule: label-free prompts in, rollout groups out, never stale.
+"""The DataModule: label-free prompts in, rollout groups out, at most ``max_staleness`` versions old.
 
 This is the rollout side's one owner: it builds :attr:`RolloutDataModule.rollouts` (the engine, the sampling, the
 weights version; see :class:`~evolrl.rollout.Rollouts`) and is the training step's :class:`~evolrl.rollout.Sampler`:
 the step takes its rollouts (``next_rollouts``) and hands over the new weights (``hand_weights``) by name. Its
 loaders yield :class:`~evolrl.data.requests.RolloutRequest` batches, sampled only when the step asks (Lightning
-fetches a batch ahead); a :class:`~evolrl.types.RolloutBatch` records the engine's weights version, which the module
-checks, and the sampling temperature. A hash of the training prompts travels in checkpoints: a resume refuses others.
+fetches a batch ahead; the off-policy line, a sampler process: ``evolrl/rollout/supply.py``); a rollout batch records
+its weights version, which the module checks, and its temperature. A hash of the training prompts travels in
+checkpoints: a resume refuses others.
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ from dataclasses import replace
 from functools import partial
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
-from evolrl.data.chat import PAPER_SYSTEM_PROMPT, Example, render_prompt
+from evolrl.data.chat import PAPER_SYSTEM_PROMPT, Example, encode_prompts
 from evolrl.data.eval_set import EvalSet
 from evolrl.data.loader import PromptLoader
 from evolrl.data.requests import RolloutRequest
@@ -27,6 +27,8 @@ from evolrl.data.sources import DataError, PromptSource, require_answers
 from evolrl.models import load_tokenizer
 from evolrl.rollout import DynamicSampling, Rollouts, Sampling, Seeds, check_engine
 from evolrl.rollout.engine import RolloutEngine
+from evolrl.rollout.remote import SamplerProcess, check_placement, start_sampler
+from evolrl.rollout.supply import RolloutSupply
 from evolrl.rollout.vllm_engine import VLLMEngine
 from evolrl.settings import check_int, require
 from evolrl.types import Prompt, RolloutBatch
@@ -61,6 +63,10 @@ class RolloutDataModule(L.LightningDataModule):
             (DAPO; ``max_rounds``); ``null``: off.
         allow_changed_prompts: Resume from a checkpoint whose training prompts differ from these (a hash of them
             travels in the checkpoint); false: refuse, since the loader's position would point into other prompts.
+        max_staleness: k, how many weight versions a trained batch may lag (TRL's ``max_staleness``, prime-rl's
+            ``async_level``): batches are sampled k steps ahead, with a mismatch correction; 0: on-policy, as the paper.
+        sampler_process: Run the engine in a process of its own per rank, on cores or a GPU of its own (with k >= 1
+            it samples while the trainer updates); ``null``: in the training process.
     """
 
     def __init__(
@@ -84,25 +90,29 @@ class RolloutDataModule(L.LightningDataModule):
         eval_prompts_per_batch: int = 8,
         dynamic_sampling: DynamicSampling | None = None,
         allow_changed_prompts: bool = False,
+        max_staleness: int = 0,
+        sampler_process: SamplerProcess | None = None,
     ) -> None:
         super().__init__()
         check_int("RolloutDataModule.max_prompt_tokens", max_prompt_tokens, 1)
-        names = [s.name for s in eval_sets or []]
-        if len(set(names)) != len(names):
+        if len(set(names := [s.name for s in eval_sets or []])) != len(names):
             raise DataError(f"eval_sets: two evaluation sets share a name ({names}); metric tags need unique names")
         self.source = train
         self.model = model
-        if seed is not None:
-            check_int("RolloutDataModule.seed", seed, 0)
+        check_int("RolloutDataModule.seed", 0 if seed is None else seed, 0)
         self.seeds = Seeds(0 if seed is None else seed)
-        if eval_sampling is None:
-            eval_sampling = Sampling(temperature=0.6, top_p=0.95, max_new_tokens=sampling.max_new_tokens,
-                                     stop=sampling.stop)
+        eval_sampling = eval_sampling or Sampling(temperature=0.6, top_p=0.95, max_new_tokens=sampling.max_new_tokens,
+                                                  stop=sampling.stop)
         self.rollouts = Rollouts(engine if engine is not None else VLLMEngine(), sampling, eval_sampling=eval_sampling,
                                  prompts_per_step=prompts_per_step, vote_samples=vote_samples,
                                  trained_samples=trained_samples, eval_samples=eval_samples,
                                  eval_prompts_per_batch=eval_prompts_per_batch, seeds=self.seeds)
         """Published to the module: the engine, the sampling and the weights version."""
+        check_int("RolloutDataModule.max_staleness", max_staleness, 0)
+        require(sampler_process is None or isinstance(sampler_process, SamplerProcess), "RolloutDataModule."
+                "sampler_process", sampler_process, allowed="null or {cpus: [...], cuda_devices: [...]}")
+        self.supply = RolloutSupply(self.rollouts, max_staleness)
+        self.max_staleness, self.sampler_process = max_staleness, sampler_process
         self.max_prompt_tokens = max_prompt_tokens
         require(dynamic_sampling is None or isinstance(dynamic_sampling, DynamicSampling),
                 "RolloutDataModule.dynamic_sampling", dynamic_sampling, allowed="null or max_rounds: <n>")
@@ -126,17 +136,19 @@ class RolloutDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         module = self.trainer.lightning_module if self.trainer is not None else None
         if stage == "fit":  # what the module needs of the engine
-            check_engine(getattr(module, "mismatch_correction", None), self.rollouts.engine)
+            check_engine(getattr(module, "mismatch_correction", None), self.rollouts.engine, self.max_staleness)
         if self.tokenizer is not None:
-            return
+            return self._place_sampler()
         if not self.model:
             raise ValueError("RolloutDataModule needs the policy's model string (data.model, linked to model.model)")
         self.tokenizer = load_tokenizer(self.model, self.trust_remote_code)
-        self.train_items, self.dropped_prompts = self._encode(self.source.load(), "training")
+        encode = partial(encode_prompts, self.tokenizer, system_prompt=self.system_prompt, examples=self.examples,
+                         max_tokens=self.max_prompt_tokens)
+        self.train_items, self.dropped_prompts = encode(self.source.load(), what="training")
         reward = getattr(module, "reward", None)
         if stage in ("fit", None) and getattr(reward, "needs_answers", False):  # the module's published reward
             require_answers(self.training_prompts(), who=type(reward).__name__)
-        self.eval_items = [self._encode(s.load(), f"evaluation set {s.name!r}")[0] for s in self.eval_sets]
+        self.eval_items = [encode(s.load(), what=f"evaluation set {s.name!r}")[0] for s in self.eval_sets]
         for items, eval_set in zip(self.eval_items, self.eval_sets):
             if not items:
                 raise DataError(f"evaluation set {eval_set.name!r}: every prompt is longer than max_prompt_tokens="
@@ -144,12 +156,24 @@ class RolloutDataModule(L.LightningDataModule):
         rank, world = self._rank_and_world()
         prompts_per_step = self.rollouts.prompts_per_step
         if len(self.train_items) < prompts_per_step * world:
-            raise DataError(
-                f"{len(self.train_items)} usable prompts but prompts_per_step={prompts_per_step} on each of "
-                f"{world} ranks: add prompts or lower prompts_per_step"
-            )
-        longest_prompt = max(len(ids) for items in (self.train_items, *self.eval_items) for _, ids in items)
-        self.rollouts.setup(self.tokenizer, longest_prompt, evaluates=bool(self.eval_sets), rank=rank)
+            raise DataError(f"{len(self.train_items)} usable prompts but prompts_per_step={prompts_per_step} on each "
+                            f"of {world} ranks: add prompts or lower prompts_per_step")
+        self.longest_prompt = max(len(ids) for items in (self.train_items, *self.eval_items) for _, ids in items)
+        self.rollouts.setup(self.tokenizer, self.longest_prompt, evaluates=bool(self.eval_sets), rank=rank)
+        self._place_sampler()
+
+    def _place_sampler(self) -> None:
+        """A sampler process of this rank's own, when asked for: its placement checked against the trainer's."""
+        if self.sampler_process is None or self.supply.remote is not None:
+            return
+        rank, world = self._rank_and_world()
+        device = self.trainer.strategy.root_device if self.trainer is not None else None
+        check_placement(self.sampler_process, world, self.trainer.device_ids if device.type == "cuda" else None)
+        self.supply.remote = start_sampler(self.sampler_process, self.rollouts, self.model, self.trust_remote_code,
+                                           self.longest_prompt, bool(self.eval_sets), rank, device)
+
+    def teardown(self, stage: str) -> None:
+        self.supply.stop()
 
     def next_rollouts(self, batch: RolloutRequest | RolloutBatch) -> RolloutBatch:
         """The rollouts of the loader's next ``batch``, sampled now with the weights the engine holds (the step's);
@@ -160,9 +184,11 @@ class RolloutDataModule(L.LightningDataModule):
         """Give the engine ``policy``'s weights as the next version (``new``) or, unless it holds them, as the current
         one (before training, after a restore, before an evaluation); the seconds it took."""
         start = time.perf_counter()
-        if new or not self.rollouts.loaded:
-            self.rollouts.push(policy, new_version=new)
+        self.supply.push(policy, new)
         return time.perf_counter() - start
+
+    def timings(self) -> dict[str, float]:  # this step's wait on a sampler process and its idle time, if one
+        return self.supply.timings()
 
     def training_prompts(self) -> list[Prompt]:
         """Every training prompt this run can draw (after ``setup``), in the source's order."""
@@ -170,17 +196,6 @@ class RolloutDataModule(L.LightningDataModule):
 
     def _rank_and_world(self) -> tuple[int, int]:
         return (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
-
-    def _encode(self, prompts: list[Prompt], what: str) -> tuple[list[tuple[Prompt, tuple[int, ...]]], int]:
-        """Rendered, tokenized prompts within ``max_prompt_tokens``, and how many were dropped (with a warning)."""
-        encoded = [(p, tuple(render_prompt(self.tokenizer, p.question, self.system_prompt, self.examples)))
-                   for p in prompts]
-        kept = [(p, ids) for p, ids in encoded if len(ids) <= self.max_prompt_tokens]
-        dropped = len(encoded) - len(kept)
-        if dropped:
-            rank_zero_warn(f"{what}: dropped {dropped} of {len(encoded)} prompts longer than "
-                           f"max_prompt_tokens={self.max_prompt_tokens}")
-        return kept, dropped
 
     def train_dataloader(self) -> PromptLoader:
         # Every step has P full groups (the last partial batch is dropped); the loader's position is
@@ -195,7 +210,7 @@ class RolloutDataModule(L.LightningDataModule):
     def _eval_loaders(self) -> list[DataLoader]:
         def request(items, eval_set):
             return RolloutRequest(tuple(p for p, _ in items), tuple(ids for _, ids in items),
-                                  sampler=self.rollouts.sample_eval, eval_set=eval_set)
+                                  sampler=self.supply.evaluate, eval_set=eval_set)
 
         return [
             DataLoader(items, batch_size=self.rollouts.eval_prompts_per_batch, shuffle=False,
@@ -206,27 +221,30 @@ class RolloutDataModule(L.LightningDataModule):
     def val_dataloader(self) -> list[DataLoader]:
         return self._eval_loaders()
 
-    def test_dataloader(self) -> list[DataLoader]:
-        return self._eval_loaders()
+    test_dataloader = val_dataloader
 
     def _request(self, items: list[tuple[Prompt, tuple[int, ...]]]) -> RolloutRequest:
         rounds = self.dynamic_sampling.max_rounds if self.dynamic_sampling is not None else 1
-        return RolloutRequest(tuple(p for p, _ in items), tuple(ids for _, ids in items), self.rollouts.sample,
-                              max_rounds=rounds, further=self._further if rounds > 1 else None)
+        return RolloutRequest(tuple(p for p, _ in items), tuple(ids for _, ids in items),
+                              partial(self.supply.train, more=self._more), max_rounds=rounds,
+                              further=self._further if rounds > 1 else None)
 
     def _further(self, round: int) -> RolloutRequest:
         """The loader's next batch, sampled with ``round``'s seeds."""
-        return replace(self._train_loader.take(), sampler=partial(self.rollouts.sample, round=round))
+        return replace(self._train_loader.take(), sampler=partial(self.supply.train, round=round, more=self._more))
+
+    def _more(self) -> tuple:  # the loader's next prompts, to fill the off-policy line
+        return (request := self._train_loader.take()).prompts, request.prompt_ids
 
     def prompts_hash(self) -> str:  # the training prompts as the policy reads them, in the source's order
         return hashlib.sha256(repr([(p.id, ids) for p, ids in self.train_items]).encode()).hexdigest()[:16]
 
     def state_dict(self) -> dict:
-        return {"rollouts": self.rollouts.state_dict(), "prompts": self.prompts_hash()}
+        return {"rollouts": self.supply.state_dict(), "prompts": self.prompts_hash()}
 
     def load_state_dict(self, state: dict) -> None:
         saved = state.get("prompts")
         if saved is not None and saved != self.prompts_hash() and not self.allow_changed_prompts:
             raise DataError(f"data.train: the training prompts differ from those the checkpoint was trained on (hash "
                             f"{self.prompts_hash()}, saved {saved}): restore them, or set data.allow_changed_prompts")
-        self.rollouts.load_state_dict(state["rollouts"])
+        self.supply.load_state_dict(state["rollouts"])

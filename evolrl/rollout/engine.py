@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import bisect
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
@@ -160,6 +161,28 @@ class RolloutEngine(ABC):
         """Hand the engine the policy's current weights (no files written) as ``version`` (default: the next)."""
         self._load(policy)
         self.version = self.version + 1 if version is None else version
+
+    def weights_dtype(self, policy: nn.Module) -> torch.dtype:
+        """The dtype the weights are sent to a sampler process in (the engine's own)."""
+        return next(policy.parameters()).dtype
+
+    def load_stream(self, like: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], version: int) -> None:
+        """Take weights as a stream of named full tensors (a sampler process's, ``evolrl/rollout/remote``) as
+        ``version``: here into ``like``, the policy's architecture, materialized by the first stream, then
+        :meth:`load_weights`. An engine that can take the stream itself overrides this."""
+        state = dict(like.state_dict())
+        with torch.no_grad():
+            for name, tensor in tensors:
+                if name not in state:
+                    raise KeyError(f"weight {name!r} is not a parameter of {type(like).__name__}")
+                if state[name].is_meta:
+                    like.load_state_dict({name: tensor.clone()}, strict=False, assign=True)
+                else:
+                    state[name].copy_(tensor)
+        left = [n for n, p in like.named_parameters() if p.is_meta]
+        if left:
+            raise RuntimeError(f"the weight stream left {len(left)} parameters unset, e.g. {left[0]!r}")
+        self.load_weights(like, version=version)
 
     def stops(self, policy_eos: int | list[int] | None = None) -> list[int]:
         if self.tokenizer is None:

@@ -83,12 +83,16 @@ class Rollouts:
         self.engine.load_weights(policy, version=self.version)
         self.loaded = True
 
-    def sample(self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]], round: int = 0) -> RolloutBatch:
+    def sample(self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]], round: int = 0,
+               index: int | None = None) -> RolloutBatch:
         """V responses per prompt with the current weights, and the G of each group to train on (``trained``);
-        ``round``: which of the step's sampling rounds (dynamic sampling), each with its own seeds."""
+        ``round``: which of the step's sampling rounds (dynamic sampling), each with its own seeds. Seeds follow the
+        weights version, or ``index``, the batch's place in the run, where several batches share a version
+        (``data.max_staleness``)."""
         version = self.engine.version
-        seed, subset = (self.seeds.further_round(version, self.rank, round) if round else
-                        (self.seeds.sampling(version, self.rank), self.seeds.trained_subset(version)))
+        key = version if index is None else index
+        seed, subset = (self.seeds.further_round(key, self.rank, round) if round else
+                        (self.seeds.sampling(key, self.rank), self.seeds.trained_subset(key)))
         groups = self.engine.generate(prompts, prompt_ids, sampling=self.sampling, n=self.vote_samples, seed=seed)
         g = torch.Generator().manual_seed(subset)
         trained = torch.stack(

@@ -29,9 +29,19 @@ class Sampler(Protocol):
         current one; the seconds it took."""
 
 
-def check_engine(mismatch_correction: object | None, engine: RolloutEngine) -> None:
-    """SettingError for a mismatch correction with an engine that does not report the log-probs it sampled with."""
+def check_engine(mismatch_correction: object | None, engine: RolloutEngine, max_staleness: int = 0) -> None:
+    """SettingError for a mismatch correction, or off-policy training (``max_staleness >= 1``), with an engine that
+    does not report the log-probs it sampled with, and for off-policy training without a correction: the behaviour
+    policy's log-probs enter the loss through the correction's importance weights (``evolrl/rollout/supply.py``)."""
+    use = "use evolrl.rollout.VLLMEngine or HFEngine with report_logprobs: true"
     require(mismatch_correction is None or engine.reports_logprobs, "GRPOLoss.mismatch_correction",
             mismatch_correction,
             allowed=f"null (no correction) with {type(engine).__name__}, which does not report the log-probs of the "
-            "tokens it samples (the correction weighs tokens by them); use evolrl.rollout.VLLMEngine")
+            f"tokens it samples (the correction weighs tokens by them); {use}")
+    if max_staleness:
+        require(engine.reports_logprobs, "data.max_staleness", max_staleness,
+                allowed=f"0 with {type(engine).__name__}, which does not report the log-probs of the tokens it "
+                f"samples: off-policy batches are weighed by the behaviour policy's; {use}")
+        require(mismatch_correction is not None, "model.loss.mismatch_correction", mismatch_correction,
+                allowed=f"a correction with data.max_staleness={max_staleness} (e.g. class_path: "
+                "evolrl.algorithms.TokenTruncate): its importance weights carry the behaviour policy's log-probs")

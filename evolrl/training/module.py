@@ -5,11 +5,12 @@ Non-obvious decisions:
 * Manual optimization: one training step = one rollout batch, one optimizer step per mini-batch (one PPO epoch), in
   a :class:`~evolrl.training.update.GRPOUpdate` the module holds; a non-finite gradient norm skips the step, counted.
 * ``old_logprobs`` are recomputed with the policy before the update, not taken from the sampler (vLLM's kernels
-  differ from the trainer's), from the first mini-batch's own pass or a reward's pass (``scoring.py``).
+  differ from the trainer's), from the first mini-batch's own pass or a reward's pass (``scoring.py``). Off-policy
+  they are decoupled PPO's proximal policy; the sampler's are the behaviour's (``evolrl/rollout/supply.py``).
 * A reference model exists only when ``kl_coef > 0``; the policy's weights stay in ``dtype`` under bf16 precision,
   only copies are bf16 (``build.py``). Under bf16-mixed the update clears autocast's weight cache per optimizer step.
 * The step takes its rollouts from the data module by name, and hands it the new weights at its end
-  (``evolrl/rollout/sampler.py``); rollouts from another version of the weights are refused. A data module of
+  (``evolrl/rollout/sampler.py``); rollouts more than ``max_staleness`` versions old are refused. A data module of
   recorded rollouts samples nothing: its batches are trained as they are.
 * A "step" is a training step everywhere (``global_step``, ``max_steps``, checkpoints, curves, ``val_check_interval``):
   one rollout batch, however many optimizer steps it takes.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict
+from functools import partial
 
 import lightning as L
 import torch
@@ -36,7 +38,7 @@ from evolrl.training.evaluation import grade_request
 from evolrl.training.loss import GRPOLoss, plain
 from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, start_schedule_once
 from evolrl.training.run_checks import FlatRewardCheck
-from evolrl.training.scoring import Scoring, fresh, score_rounds
+from evolrl.training.scoring import Scoring, fewest, fresh, lag, score_rounds
 from evolrl.training.update import GRPOUpdate
 from evolrl.types import EvalOutput, RolloutBatch, RolloutSource, StepOutput
 
@@ -127,8 +129,7 @@ class EvolRLModule(L.LightningModule):
 
     # ---- set-up -------------------------------------------------------------------------
     @property
-    def mismatch_correction(self) -> MismatchCorrection | None:
-        """The loss's ``mismatch_correction``: when set, the rollouts must carry the sampler's log-probs."""
+    def mismatch_correction(self) -> MismatchCorrection | None:  # when set, rollouts carry the sampler's log-probs
         return self.update.loss.mismatch_correction
 
     def setup(self, stage: str) -> None:
@@ -197,17 +198,18 @@ class EvolRLModule(L.LightningModule):
     def training_step(self, batch: RolloutBatch | RolloutSource, batch_idx: int) -> StepOutput:
         t0 = time.perf_counter()
         sampler = self.sampler
-        rollouts = fresh(sampler.next_rollouts(batch) if sampler else batch, self.trainer.global_step)
+        rollouts = fresh(sampler.next_rollouts(batch) if sampler else batch, self.trainer.global_step,
+                         getattr(sampler, "max_staleness", 0))
         t1 = time.perf_counter()
         scoring = Scoring(self.reward, self.advantages, self.overlong, self.device,
                           policy_pass=lambda seqs, temperature: self.update.policy_pass(self.policy, seqs, temperature),
                           vocabulary=self.policy.get_output_embeddings().weight.shape[0], step=self.trainer.global_step)
         # rewards [P, V], trained [P, G]; with dynamic sampling, the groups kept over the step's rounds
-        scored = score_rounds(scoring, rollouts, None if isinstance(batch, RolloutBatch) else batch, self.fewest)
+        scored = score_rounds(scoring, rollouts, None if isinstance(batch, RolloutBatch) else batch,
+                              partial(fewest, self.trainer.strategy, self.device))
         t2 = time.perf_counter()
         self.flat_rewards(scored.advantages)
         seqs = scored.seqs
-        # as sampled: a step of dynamic sampling may train fewer
         start_schedule_once(self.lr_schedulers(), self.trainer, self.update.optimizer_steps(rollouts.trained.numel()))
         optimizer = CountedOnce(self.optimizers(), self.trainer.strategy, self.update.optimizer_steps(len(seqs)))
         stats = self.update(self.policy, self.reference.model if self.reference else None, seqs,
@@ -220,8 +222,10 @@ class EvolRLModule(L.LightningModule):
             "advantage_abs": scored.advantages.abs().mean().item(),
             "lr": self.optimizers().param_groups[0]["lr"],
             "skipped_steps": float(self.update.skipped_steps),
+            "lag": lag(rollouts, self.trainer.global_step),
         }
-        timing = {"step": t3 - t0, "sample": t1 - t0, "reward": t2 - t1, "update": t3 - t2, "sync": sync}
+        timing = {"step": t3 - t0, "sample": t1 - t0, "reward": t2 - t1, "update": t3 - t2, "sync": sync,
+                  **(sampler.timings() if hasattr(sampler, "timings") else {})}
         # Entropy, lengths and the label-free diagnostics: the callbacks (evolrl.callbacks) read the output.
         logged = {k if k.startswith("mismatch/") else f"train/{k}": v for k, v in stats.items() if k != "entropy"}
         self.log_dict(logged, on_step=True, batch_size=len(seqs))
@@ -230,10 +234,6 @@ class EvolRLModule(L.LightningModule):
                "len": scored.response_length(), "step_s": timing["step"]}
         self.log_dict(bar, prog_bar=True, logger=False, on_step=True, batch_size=len(seqs))
         return StepOutput(rollouts=scored.rollouts, rewards=scored.rewards, stats=stats, timing=timing)
-
-    def fewest(self, count: int) -> int:
-        """The smallest ``count`` over the ranks (dynamic sampling's rounds and groups, the same on every rank)."""
-        return int(self.trainer.strategy.reduce(torch.tensor(count, device=self.device), reduce_op="min").item())
 
     # ---- evaluation ---------------------------------------------------------------------
     def validation_step(self, request, batch_idx: int, dataloader_idx: int = 0) -> EvalOutput:

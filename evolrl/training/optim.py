@@ -105,7 +105,8 @@ def start_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: in
 
 def start_schedule_once(scheduler, trainer, optimizer_steps: int) -> None:
     """At the first training step (not after a restore): the schedule's length, the run's training steps (the
-    trainer's estimate, which needs ``max_steps`` where the data have no length) x ``optimizer_steps`` per step."""
+    trainer's estimate, which needs ``max_steps`` where the data have no length) x ``optimizer_steps`` per step (of
+    a step as sampled: one of dynamic sampling may train fewer)."""
     if schedule_started(scheduler):
         return
     steps = trainer.estimated_stepping_batches

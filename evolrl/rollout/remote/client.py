@@ -1,0 +1,145 @@
+"""A training rank's handle on its sampler process: start it, send it requests and weights, collect its batches.
+
+Every wait on the sampler polls its pipe and its liveness: a sampler that exits is an error within a second, one
+that answers nothing for ``SamplerProcess.timeout_s`` is an error then; either names the sampler (rank, pid, cores
+or GPU) and the last batch it returned. The start is ``torch.multiprocessing``'s spawn: a fresh interpreter, so the
+sampler inherits neither the trainer's threads nor its CUDA context.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Sequence
+
+import torch
+import torch.multiprocessing as mp
+
+from evolrl.rollout.remote.channel import TrainerEnd
+from evolrl.rollout.remote.placement import SamplerProcess
+from evolrl.rollout.remote.worker import SamplerSpec, serve
+from evolrl.types import RolloutBatch
+
+
+class SamplerFailed(RuntimeError):
+    """The sampler process died, hung or raised."""
+
+
+class RemoteSampler:
+    """The trainer's side of one sampler process (see module docstring)."""
+
+    def __init__(self, placement: SamplerProcess, spec: SamplerSpec, device: torch.device) -> None:
+        self.placement, self.spec = placement, spec
+        self.channel = TrainerEnd(device, placement.timeout_s)
+        context = mp.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=serve, args=(child, spec, self.channel.port), daemon=True,
+                                       name=f"evolrl-sampler-{spec.rank}")
+        self.process.start()
+        child.close()
+        self.tickets = 0
+        self.results: dict[int, RolloutBatch] = {}
+        self.last = "none yet"
+        self.idle = 0.0
+        """The sampler's idle seconds so far (as of its last result)."""
+        self.waited = 0.0
+        """Seconds the trainer has waited on the sampler so far."""
+        self._receive("joining")
+        self.channel.connect()
+
+    def describe(self) -> str:
+        where = (f"GPU {self.spec.cuda_device}" if self.spec.cuda_device is not None else
+                 f"cores {sorted(self.spec.cores)}" if self.spec.cores is not None else "unpinned")
+        return f"sampler process of rank {self.spec.rank} (pid {self.process.pid}, {where}; last batch: {self.last})"
+
+    def _receive(self, wanted: str) -> tuple:
+        """The next message, which must be of kind ``wanted`` (results on the way are kept)."""
+        start = time.perf_counter()
+        deadline = start + self.placement.timeout_s
+        try:
+            while True:
+                if not self.conn.poll(min(1.0, max(0.0, deadline - time.perf_counter()))):
+                    if not self.process.is_alive():
+                        raise SamplerFailed(f"the {self.describe()} exited with code {self.process.exitcode}")
+                    if time.perf_counter() >= deadline:
+                        raise SamplerFailed(f"the {self.describe()} answered nothing for "
+                                            f"{self.placement.timeout_s:g} s (data.sampler_process.timeout_s)")
+                    continue
+                try:
+                    message = self.conn.recv()
+                except (EOFError, OSError) as err:
+                    raise SamplerFailed(f"the {self.describe()} closed its pipe ({err})") from None
+                if message[0] == "error":
+                    raise SamplerFailed(f"the {self.describe()} failed: {message[1]}")
+                if message[0] == "result":
+                    _, ticket, batch, self.idle = message
+                    self.results[ticket] = batch
+                    self.last = f"#{ticket}, weights version {batch.weights_version}"
+                    if wanted == "result":
+                        return message
+                    continue
+                if message[0] != wanted:
+                    raise SamplerFailed(f"the {self.describe()} sent {message[0]!r} where {wanted!r} was due")
+                return message
+        finally:
+            self.waited += time.perf_counter() - start
+
+    def _send(self, message: tuple) -> None:
+        try:
+            self.conn.send(message)
+        except (OSError, BrokenPipeError) as err:
+            raise SamplerFailed(f"the {self.describe()} is gone ({err})") from None
+
+    def submit(self, prompts: Sequence, prompt_ids: Sequence, index: int | None = None, round: int = 0,
+               evaluation: bool = False) -> int:
+        """Queue a batch to sample (after everything sent before it); its ticket."""
+        ticket, self.tickets = self.tickets, self.tickets + 1
+        self._send(("eval", ticket, tuple(prompts), tuple(prompt_ids)) if evaluation else
+                   ("sample", ticket, tuple(prompts), tuple(prompt_ids), index, round))
+        return ticket
+
+    def result(self, ticket: int) -> RolloutBatch:
+        """The batch of ``ticket``, waiting for it."""
+        while ticket not in self.results:
+            self._receive("result")
+        return self.results.pop(ticket)
+
+    def done(self) -> list[int]:
+        """Tickets whose batches arrived, after reading what is there (no wait)."""
+        while self.conn.poll(0):
+            self._receive("result")
+        return sorted(self.results)
+
+    def push(self, tensors: Iterator, version: int) -> float:
+        """The weights ``tensors`` as ``version``, once the sampler has finished what was sent before; the seconds
+        the transfer took (the wait before it counts in ``waited``)."""
+        self._send(("push", version))
+        self._receive("ready")
+        start = time.perf_counter()
+        try:
+            self.channel.send(tensors, self._send)
+        except RuntimeError as err:
+            if isinstance(err, SamplerFailed):
+                raise
+            raise SamplerFailed(f"the weight push to the {self.describe()} failed: {err}") from None
+        self._receive("pushed")
+        return time.perf_counter() - start
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            try:
+                self.conn.send(("stop",))
+            except OSError:
+                pass
+            self.process.join(10)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+
+def pin_trainer(placement: SamplerProcess) -> None:
+    """Keep this training process off every sampler's cores (and its thread count to the cores it keeps)."""
+    if placement.cpus:
+        keep = os.sched_getaffinity(0) - placement.all_sampler_cores()
+        os.sched_setaffinity(0, keep)
+        torch.set_num_threads(len(keep))

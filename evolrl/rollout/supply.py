@@ -1,0 +1,117 @@
+"""Where a training step's rollouts come from, and when the sampler gets new weights: the data module's one call
+for each (``evolrl/rollout/sampler.py``), with the off-policy lag and the sampler's placement behind them.
+
+* ``max_staleness`` k = 0, no sampler process: a batch is sampled when the step asks for it, with the step's
+  weights, by the engine in this process (on-policy, as the paper's runs).
+* k >= 1: a delay line of k batches. At the first step the step's prompts and the loader's next k are all sampled
+  with version 0; from then on each step queues its own prompts, sampled with its weights, and trains on the batch
+  queued k steps before: batch j is sampled with version ``max(0, j - k)`` (further rounds of dynamic sampling move
+  the line on too, so a batch is never more than k versions old). Seeds follow the batch's place in the line.
+* A sampler process (``SamplerProcess``): the engine runs there; queued batches are sampled while the trainer
+  updates, and a weight push waits only for the batch in progress. Colocated, k >= 1 samples the same batches with
+  the same seeds, one after the other.
+* Evaluation samples with the current weights, after the queued batches (a sampler works in order); the queue keeps
+  its batches and their versions.
+* Checkpoints hold the queued batches, sampled, so a resumed run trains on exactly what the uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from torch import nn
+
+from evolrl.rollout.plain import batch_from_plain, batch_to_plain
+from evolrl.rollout.remote.client import RemoteSampler
+from evolrl.rollout.rollouts import Rollouts
+from evolrl.rollout.vllm_weights import full_tensors
+from evolrl.types import RolloutBatch
+
+
+class RolloutSupply:
+    """A run's rollouts for training and evaluation, and the weights' way to the engine (module docstring)."""
+
+    def __init__(self, rollouts: Rollouts, max_staleness: int) -> None:
+        self.rollouts = rollouts
+        self.max_staleness = max_staleness
+        self.remote: RemoteSampler | None = None
+        self.queue: deque = deque()  # batches (or a sampler's tickets for them), oldest first
+        self.queued = 0
+        """Batches queued so far in the run: the place (and seeds) of the next."""
+        self.started = False
+        self._marks = (0.0, 0.0)
+
+    @property
+    def lagged(self) -> bool:
+        """Whether training batches go through the queue (off-policy, or sampled by a process of their own)."""
+        return self.max_staleness > 0 or self.remote is not None
+
+    def train(self, prompts: Sequence, prompt_ids: Sequence, round: int = 0,
+              more: Callable[[], tuple[Sequence, Sequence]] | None = None) -> RolloutBatch:
+        """The batch to train on now; ``prompts`` go into the line (``more()``: the loader's next prompts, to fill
+        the line at the first step)."""
+        if not self.lagged:
+            return self.rollouts.sample(prompts, prompt_ids, round=round)
+        if self.max_staleness == 0:  # a sampler process, on-policy: seeds as in this process
+            return self._result(self._submit(prompts, prompt_ids, round=round))
+        self.queue.append(self._submit(prompts, prompt_ids, index=self._next_index()))
+        if not self.started:
+            for _ in range(self.max_staleness):
+                self.queue.append(self._submit(*more(), index=self._next_index()))
+        self.started = True
+        return self._result(self.queue.popleft())
+
+    def evaluate(self, prompts: Sequence, prompt_ids: Sequence) -> RolloutBatch:
+        """Evaluation groups with the current weights."""
+        if self.remote is None:
+            return self.rollouts.sample_eval(prompts, prompt_ids)
+        return self.remote.result(self.remote.submit(prompts, prompt_ids, evaluation=True))
+
+    def push(self, policy: nn.Module, new: bool = True) -> None:
+        """Give the engine ``policy``'s weights as the next version, or as the current one unless it holds them."""
+        if self.remote is None:
+            if new or not self.rollouts.loaded:
+                self.rollouts.push(policy, new_version=new)
+            return
+        if not new and self.rollouts.loaded:
+            return
+        version = self.rollouts.version + 1 if new or self.rollouts.version < 0 else self.rollouts.version
+        engine = self.rollouts.engine
+        self.remote.push(full_tensors(policy, engine.weights_dtype(policy)), version)
+        self.rollouts.version, self.rollouts.loaded = version, True
+
+    def timings(self) -> dict[str, float]:
+        """Since the last call: the trainer's wait on its sampler process and the sampler's idle seconds."""
+        if self.remote is None:
+            return {}
+        waited, idle = self.remote.waited, self.remote.idle
+        marks, self._marks = self._marks, (waited, idle)
+        return {"rollout_wait": waited - marks[0], "sampler_idle": idle - marks[1]}
+
+    def _next_index(self) -> int:
+        self.queued += 1
+        return self.queued - 1
+
+    def _submit(self, prompts, prompt_ids, index: int | None = None, round: int = 0):
+        if self.remote is not None:
+            return self.remote.submit(prompts, prompt_ids, index=index, round=round)
+        return self.rollouts.sample(prompts, prompt_ids, round=round, index=index)
+
+    def _result(self, queued) -> RolloutBatch:
+        return queued if isinstance(queued, RolloutBatch) else self.remote.result(queued)
+
+    def state_dict(self) -> dict:
+        self.queue = deque(self._result(q) for q in self.queue)  # a checkpoint holds them sampled
+        return {"version": self.rollouts.version, "queued": self.queued, "started": self.started,
+                "queue": [batch_to_plain(b) for b in self.queue]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rollouts.load_state_dict({"version": state["version"]})
+        self.queued, self.started = state.get("queued", 0), state.get("started", False)
+        self.queue = deque(batch_from_plain(b) for b in state.get("queue", []))
+
+    def stop(self) -> None:
+        if self.remote is not None:
+            self.remote.stop()
+            self.remote = None
