@@ -37,6 +37,8 @@ from evolrl import cpu_bf16
 from evolrl.checkpoints import CheckpointError, RunLock, check_writable, checkpoint_dir, refused
 from evolrl.checkpoints.job import job_parts, own_checkpoint_dir, resume_point
 from evolrl.data.datamodule import RolloutDataModule
+from evolrl.rollout.ranks import RankFailed
+from evolrl.rollout.remote import SamplerFailed, check_placement, trainer_gpus
 from evolrl.rollout.sampler import check_engine
 from evolrl.settings import SettingError
 from evolrl.training.module import EvolRLModule
@@ -81,7 +83,10 @@ class EvolRLCLI(LightningCLI):
         try:
             super().instantiate_classes()
             if self.subcommand == "fit":  # what the module needs of the data module's engine, checked before loading
-                check_engine(self.model.mismatch_correction, self.datamodule.rollouts.engine)
+                check_engine(self.model.mismatch_correction, self.datamodule.rollouts.engine,
+                             self.datamodule.max_staleness)
+                if (placement := self.datamodule.sampler_process) is not None:  # against the trainer's devices
+                    check_placement(placement, self.trainer.world_size, trainer_gpus(self.trainer))
                 if self.model.overlong is not None:  # its buffer against the sampling budget
                     self.model.overlong.check(self.datamodule.rollouts.sampling.max_new_tokens)
         except (SettingError, ValueError) as err:
@@ -220,5 +225,9 @@ def main(args: list[str] | None = None, run: bool = True) -> EvolRLCLI:
             args=args,
             run=run,
         )
-    except (TrainingStopped, CheckpointError) as err:  # the cause and what to do, in one line
+    except (TrainingStopped, CheckpointError, SamplerFailed) as err:  # the cause and what to do, in one line
+        sys.exit(f"evolrl: error: {err}")
+    except RankFailed as err:
+        if not str(err).startswith("sampler process"):
+            raise
         sys.exit(f"evolrl: error: {err}")

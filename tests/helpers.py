@@ -402,3 +402,15 @@ class NaNAfter(MajorityVoteReward):
         if self.seen >= self.calls:
             output.rewards[0] = float("nan")
         return output
+
+
+class SignalSampler(L.Callback):
+    """Sends rank ``rank``'s sampler process (``data.sampler_process``) ``signum`` as training step ``step``
+    starts: 9 kills it, 19 (SIGSTOP) leaves it hanging."""
+
+    def __init__(self, step: int, signum: int = 9, rank: int = 0) -> None:
+        self.step, self.signum, self.rank = step, signum, rank
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            os.kill(trainer.datamodule.supply.remote.process.pid, self.signum)

@@ -27,7 +27,7 @@ from evolrl.data.sources import DataError, PromptSource, require_answers
 from evolrl.models import load_tokenizer
 from evolrl.rollout import DynamicSampling, Rollouts, Sampling, Seeds, check_engine
 from evolrl.rollout.engine import RolloutEngine
-from evolrl.rollout.remote import SamplerProcess, check_placement, start_sampler
+from evolrl.rollout.remote import SamplerProcess, check_placement, start_sampler, trainer_gpus
 from evolrl.rollout.supply import RolloutSupply
 from evolrl.rollout.vllm_engine import VLLMEngine
 from evolrl.settings import check_int, require
@@ -168,7 +168,7 @@ class RolloutDataModule(L.LightningDataModule):
             return
         rank, world = self._rank_and_world()
         device = self.trainer.strategy.root_device if self.trainer is not None else None
-        check_placement(self.sampler_process, world, self.trainer.device_ids if device.type == "cuda" else None)
+        check_placement(self.sampler_process, world, trainer_gpus(self.trainer) if self.trainer is not None else None)
         self.supply.remote = start_sampler(self.sampler_process, self.rollouts, self.model, self.trust_remote_code,
                                            self.longest_prompt, bool(self.eval_sets), rank, device)
 

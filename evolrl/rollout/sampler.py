@@ -34,10 +34,6 @@ def check_engine(mismatch_correction: object | None, engine: RolloutEngine, max_
     does not report the log-probs it sampled with, and for off-policy training without a correction: the behaviour
     policy's log-probs enter the loss through the correction's importance weights (``evolrl/rollout/supply.py``)."""
     use = "use evolrl.rollout.VLLMEngine or HFEngine with report_logprobs: true"
-    require(mismatch_correction is None or engine.reports_logprobs, "GRPOLoss.mismatch_correction",
-            mismatch_correction,
-            allowed=f"null (no correction) with {type(engine).__name__}, which does not report the log-probs of the "
-            f"tokens it samples (the correction weighs tokens by them); {use}")
     if max_staleness:
         require(engine.reports_logprobs, "data.max_staleness", max_staleness,
                 allowed=f"0 with {type(engine).__name__}, which does not report the log-probs of the tokens it "
@@ -45,3 +41,7 @@ def check_engine(mismatch_correction: object | None, engine: RolloutEngine, max_
         require(mismatch_correction is not None, "model.loss.mismatch_correction", mismatch_correction,
                 allowed=f"a correction with data.max_staleness={max_staleness} (e.g. class_path: "
                 "evolrl.algorithms.TokenTruncate): its importance weights carry the behaviour policy's log-probs")
+    require(mismatch_correction is None or engine.reports_logprobs, "GRPOLoss.mismatch_correction",
+            mismatch_correction,
+            allowed=f"null (no correction) with {type(engine).__name__}, which does not report the log-probs of the "
+            f"tokens it samples (the correction weighs tokens by them); {use}")

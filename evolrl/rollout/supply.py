@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from torch import nn
 
 from evolrl.rollout.plain import batch_from_plain, batch_to_plain
+from evolrl.rollout.ranks import fail_together
 from evolrl.rollout.remote.client import RemoteSampler
 from evolrl.rollout.rollouts import Rollouts
 from evolrl.rollout.vllm_weights import full_tensors
@@ -53,6 +54,9 @@ class RolloutSupply:
         the line at the first step)."""
         if not self.lagged:
             return self.rollouts.sample(prompts, prompt_ids, round=round)
+        return self._together(lambda: self._lagged(prompts, prompt_ids, round, more))
+
+    def _lagged(self, prompts: Sequence, prompt_ids: Sequence, round: int, more) -> RolloutBatch:
         if self.max_staleness == 0:  # a sampler process, on-policy: seeds as in this process
             return self._result(self._submit(prompts, prompt_ids, round=round))
         self.queue.append(self._submit(prompts, prompt_ids, index=self._next_index()))
@@ -66,7 +70,7 @@ class RolloutSupply:
         """Evaluation groups with the current weights."""
         if self.remote is None:
             return self.rollouts.sample_eval(prompts, prompt_ids)
-        return self.remote.result(self.remote.submit(prompts, prompt_ids, evaluation=True))
+        return self._together(lambda: self.remote.result(self.remote.submit(prompts, prompt_ids, evaluation=True)))
 
     def push(self, policy: nn.Module, new: bool = True) -> None:
         """Give the engine ``policy``'s weights as the next version, or as the current one unless it holds them."""
@@ -77,8 +81,8 @@ class RolloutSupply:
         if not new and self.rollouts.loaded:
             return
         version = self.rollouts.version + 1 if new or self.rollouts.version < 0 else self.rollouts.version
-        engine = self.rollouts.engine
-        self.remote.push(full_tensors(policy, engine.weights_dtype(policy)), version)
+        tensors = full_tensors(policy, self.rollouts.engine.weights_dtype(policy))
+        self._together(lambda: self.remote.push(tensors, version))
         self.rollouts.version, self.rollouts.loaded = version, True
 
     def timings(self) -> dict[str, float]:
@@ -88,6 +92,10 @@ class RolloutSupply:
         waited, idle = self.remote.waited, self.remote.idle
         marks, self._marks = self._marks, (waited, idle)
         return {"rollout_wait": waited - marks[0], "sampler_idle": idle - marks[1]}
+
+    def _together(self, call):
+        """``call()``, a failure of one rank's sampler process an error on every rank (``ranks.fail_together``)."""
+        return fail_together("sampler process", call) if self.remote is not None else call()
 
     def _next_index(self) -> int:
         self.queued += 1

@@ -196,14 +196,12 @@ class EvolRLModule(L.LightningModule):
 
     # ---- one training step --------------------------------------------------------------
     def training_step(self, batch: RolloutBatch | RolloutSource, batch_idx: int) -> StepOutput:
-        t0 = time.perf_counter()
-        sampler = self.sampler
-        rollouts = fresh(sampler.next_rollouts(batch) if sampler else batch, self.trainer.global_step,
-                         getattr(sampler, "max_staleness", 0))
+        t0, step, sampler = time.perf_counter(), self.trainer.global_step, self.sampler
+        rollouts = fresh(sampler.next_rollouts(batch) if sampler else batch, step, getattr(sampler, "max_staleness", 0))
         t1 = time.perf_counter()
         scoring = Scoring(self.reward, self.advantages, self.overlong, self.device,
                           policy_pass=lambda seqs, temperature: self.update.policy_pass(self.policy, seqs, temperature),
-                          vocabulary=self.policy.get_output_embeddings().weight.shape[0], step=self.trainer.global_step)
+                          vocabulary=self.policy.get_output_embeddings().weight.shape[0], step=step)
         # rewards [P, V], trained [P, G]; with dynamic sampling, the groups kept over the step's rounds
         scored = score_rounds(scoring, rollouts, None if isinstance(batch, RolloutBatch) else batch,
                               partial(fewest, self.trainer.strategy, self.device))
@@ -222,7 +220,7 @@ class EvolRLModule(L.LightningModule):
             "advantage_abs": scored.advantages.abs().mean().item(),
             "lr": self.optimizers().param_groups[0]["lr"],
             "skipped_steps": float(self.update.skipped_steps),
-            "lag": lag(rollouts, self.trainer.global_step),
+            "lag": lag(rollouts, step),  # versions behind the policy it trains
         }
         timing = {"step": t3 - t0, "sample": t1 - t0, "reward": t2 - t1, "update": t3 - t2, "sync": sync,
                   **(sampler.timings() if hasattr(sampler, "timings") else {})}

@@ -7,11 +7,11 @@ import copy
 import torch
 
 from evolrl.rollout.remote.client import RemoteSampler, SamplerFailed, pin_trainer
-from evolrl.rollout.remote.placement import SamplerProcess, check_placement
+from evolrl.rollout.remote.placement import SamplerProcess, check_placement, trainer_gpus
 from evolrl.rollout.remote.worker import SamplerSpec
 from evolrl.settings import require
 
-__all__ = ["RemoteSampler", "SamplerFailed", "SamplerProcess", "check_placement", "start_sampler"]
+__all__ = ["RemoteSampler", "SamplerFailed", "SamplerProcess", "check_placement", "start_sampler", "trainer_gpus"]
 
 
 def start_sampler(placement: SamplerProcess, rollouts, model: str, trust_remote_code: bool, longest_prompt: int,
@@ -26,5 +26,5 @@ def start_sampler(placement: SamplerProcess, rollouts, model: str, trust_remote_
                        cuda_device=placement.cuda_devices[rank] if placement.cuda_devices else None,
                        timeout_s=placement.timeout_s)
     sampler = RemoteSampler(placement, spec, device if device is not None else torch.device("cpu"))
-    pin_trainer(placement)
+    sampler.unpinned = pin_trainer(placement)
     return sampler

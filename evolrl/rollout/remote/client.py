@@ -44,6 +44,8 @@ class RemoteSampler:
         """The sampler's idle seconds so far (as of its last result)."""
         self.waited = 0.0
         """Seconds the trainer has waited on the sampler so far."""
+        self.unpinned: tuple[set[int], int] | None = None
+        """This process's cores and threads before ``pin_trainer``."""
         self._receive("joining")
         self.channel.connect()
 
@@ -68,7 +70,7 @@ class RemoteSampler:
                 try:
                     message = self.conn.recv()
                 except (EOFError, OSError) as err:
-                    raise SamplerFailed(f"the {self.describe()} closed its pipe ({err})") from None
+                    raise self._gone(err) from None
                 if message[0] == "error":
                     raise SamplerFailed(f"the {self.describe()} failed: {message[1]}")
                 if message[0] == "result":
@@ -87,8 +89,15 @@ class RemoteSampler:
     def _send(self, message: tuple) -> None:
         try:
             self.conn.send(message)
-        except (OSError, BrokenPipeError) as err:
-            raise SamplerFailed(f"the {self.describe()} is gone ({err})") from None
+        except OSError as err:
+            raise self._gone(err) from None
+
+    def _gone(self, err: BaseException) -> SamplerFailed:
+        """The error for a closed pipe: the process ended, or is ending."""
+        self.process.join(1)
+        if self.process.exitcode is not None:
+            return SamplerFailed(f"the {self.describe()} exited with code {self.process.exitcode}")
+        return SamplerFailed(f"the {self.describe()} closed its pipe ({err})")
 
     def submit(self, prompts: Sequence, prompt_ids: Sequence, index: int | None = None, round: int = 0,
                evaluation: bool = False) -> int:
@@ -112,20 +121,30 @@ class RemoteSampler:
 
     def push(self, tensors: Iterator, version: int) -> float:
         """The weights ``tensors`` as ``version``, once the sampler has finished what was sent before; the seconds
-        the transfer took (the wait before it counts in ``waited``)."""
-        self._send(("push", version))
-        self._receive("ready")
-        start = time.perf_counter()
+        the transfer took (the wait before it counts in ``waited``). ``tensors`` is drained whatever fails (under
+        FSDP2 each is a collective of the trainer ranks)."""
         try:
-            self.channel.send(tensors, self._send)
-        except RuntimeError as err:
-            if isinstance(err, SamplerFailed):
+            self._send(("push", version))
+            self._receive("ready")
+            start = time.perf_counter()
+            try:
+                self.channel.send(tensors, self._send)
+            except SamplerFailed:
                 raise
-            raise SamplerFailed(f"the weight push to the {self.describe()} failed: {err}") from None
-        self._receive("pushed")
-        return time.perf_counter() - start
+            except RuntimeError as err:  # the collective's: a peer gone or past the timeout
+                raise SamplerFailed(f"the weight push to the {self.describe()} failed: {err}") from None
+            self._receive("pushed")
+            return time.perf_counter() - start
+        finally:
+            for _ in tensors:
+                pass
 
     def stop(self) -> None:
+        """End the sampler process, and give this process back the cores it had before (``pin_trainer``)."""
+        if self.unpinned is not None:
+            os.sched_setaffinity(0, self.unpinned[0])
+            torch.set_num_threads(self.unpinned[1])
+            self.unpinned = None
         if self.process.is_alive():
             try:
                 self.conn.send(("stop",))
@@ -137,9 +156,13 @@ class RemoteSampler:
             self.process.join()
 
 
-def pin_trainer(placement: SamplerProcess) -> None:
-    """Keep this training process off every sampler's cores (and its thread count to the cores it keeps)."""
-    if placement.cpus:
-        keep = os.sched_getaffinity(0) - placement.all_sampler_cores()
-        os.sched_setaffinity(0, keep)
-        torch.set_num_threads(len(keep))
+def pin_trainer(placement: SamplerProcess) -> tuple[set[int], int] | None:
+    """Keep this training process off every sampler's cores (and its thread count to the cores it keeps); what it
+    had before, for :meth:`RemoteSampler.stop` to give back (``None``: nothing changed)."""
+    if not placement.cpus:
+        return None
+    before = (os.sched_getaffinity(0), torch.get_num_threads())
+    keep = before[0] - placement.all_sampler_cores()
+    os.sched_setaffinity(0, keep)
+    torch.set_num_threads(len(keep))
+    return before

@@ -76,3 +76,8 @@ def check_placement(placement: SamplerProcess, world_size: int, trainer_devices:
         shared = sorted(set(placement.cuda_devices) & set(trainer_devices))
         require(not shared, "data.sampler_process.cuda_devices", list(placement.cuda_devices),
                 allowed=f"GPUs the trainer does not use (it trains on {sorted(trainer_devices)}; shared: {shared})")
+
+
+def trainer_gpus(trainer) -> list[int] | None:
+    """The CUDA indices a Lightning trainer trains on; ``None`` on CPU."""
+    return list(trainer.device_ids) if trainer.strategy.root_device.type == "cuda" else None
