@@ -368,3 +368,30 @@ def test_a_lora_policy_pushes_merged_weights_and_the_engine_samples_from_it(tiny
     assert max_logprob_gap(engine, policy, prompts, ids=ids) < TOLERANCE
     base = load_policy(tiny_model).to(DEVICE)  # the adapters matter: the base's own log-probs are far off
     assert max_logprob_gap(engine, base, prompts, ids=ids) > 100 * TOLERANCE
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_vllm_in_a_sampler_process_takes_the_weights_over_gloo(tmp_path, tiny_model, monkeypatch, k):
+    """``data.sampler_process``: vLLM in a process of its own, each push over the gloo channel into its
+    ``reload_weights``. On-policy (k=0) its log-probs are the trainer's to the engine's float32 floor, so every push
+    arrived whole; at k=1 every batch after the first is one version behind."""
+    import yaml
+
+    from evolrl.cli import main
+
+    path = tiny_config(tmp_path, tiny_model, steps=3, reward="MajorityVoteReward")
+    config = yaml.safe_load(path.read_text())
+    config["model"]["loss"] = {"mismatch_correction": "evolrl.algorithms.TokenTruncate"}
+    config["data"]["engine"] = {"class_path": "evolrl.rollout.VLLMEngine", "init_args": {
+        "dtype": "float32", "enforce_eager": True, "kv_cache_gib": 0.1, "max_model_len": 128}}
+    config["data"] |= {"max_staleness": k, "sampler_process": {}}
+    config["trainer"] |= {"max_epochs": -1, "max_steps": 3, "limit_train_batches": None}
+    del config["data"]["eval_sets"], config["trainer"]["callbacks"]  # training only
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.setattr("sys.argv", ["evolrl"])
+    main(["fit", "--config", str(path)])
+    logged = scalars(tmp_path)
+    assert logged["train/lag"] == [0.0, float(k), float(k)]
+    if k == 0:
+        assert max(logged["mismatch/gap_max"]) < TOLERANCE
+    assert len(logged["time/sampler_idle"]) == 3

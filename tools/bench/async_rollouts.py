@@ -1,0 +1,114 @@
+"""On-policy lockstep against one step off-policy with a sampler process of its own, in one invocation.
+
+Both arms run the demo (SmolLM2-135M, vLLM's CPU build, EVOL-RL's reward) made sampling-heavy: ``--vote-samples``
+responses per prompt of up to ``--max-new-tokens`` tokens. ``k0``: ``data.max_staleness: 0``, the engine in the
+training process, both on every core (today's default). ``k1``: ``max_staleness: 1`` and ``data.sampler_process``
+on the last core, the trainer on the others: the sampler samples the next batch while the trainer updates. Each
+(arm, repeat) is a ``python -m evolrl fit`` process of its own, arms alternating; its TensorBoard curves give, per
+training step after the first (warm-up), the step time (``time/step + time/sync``: a push waits for the batch in
+progress), the trainer's wait on the sampler, the sampler's idle time, and the held-out pass@1 after the last step.
+
+    python -m tools.bench.async_rollouts                      # 6 steps x 2 repeats per arm (about 30 minutes)
+    python -m tools.bench.async_rollouts --steps 3 --repeats 1 --vote-samples 8 --max-new-tokens 16   # a quick look
+
+Prints medians per arm and the k1 / k0 ratios, and writes them as JSON (``--out``). Needs the demo extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from tools.common import ROOT, failure_report
+
+METRICS = ("step_s", "sample_s", "update_s", "rollout_wait_s", "sampler_idle_s", "pass@1")
+
+
+def arm_settings(arm: str, a: argparse.Namespace, cores: list[int], log_dir: Path) -> dict:
+    """The demo's settings changed for ``arm`` (``k0`` or ``k1``)."""
+    every = f"{cores[0]}-{cores[-1]}" if cores == list(range(cores[0], cores[-1] + 1)) else ",".join(map(str, cores))
+    data = {"vote_samples": a.vote_samples, "trained_samples": a.trained_samples, "prompts_per_step": a.prompts,
+            "sampling": {"temperature": 0.7, "max_new_tokens": a.max_new_tokens},
+            "engine": {"class_path": "evolrl.rollout.VLLMEngine", "init_args": {
+                "dtype": "bfloat16", "enforce_eager": True, "cpu_threads": every if arm == "k0" else str(cores[-1])}}}
+    if arm == "k1":
+        data |= {"max_staleness": 1, "sampler_process": {"cpus": [str(cores[-1])]}}
+    trainer = {"limit_train_batches": None, "max_epochs": -1, "max_steps": a.steps, "val_check_interval": a.steps,
+               "num_sanity_val_steps": 0, "default_root_dir": str(log_dir), "enable_progress_bar": False,
+               "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                          "init_args": {"save_dir": str(log_dir), "name": "bench"}}}
+    model = {"loss": {"mismatch_correction": {"class_path": "evolrl.algorithms.TokenTruncate"}}} if arm == "k1" else {}
+    return {"trainer": trainer, "data": data, "model": model}
+
+
+def read_curves(log_dir: Path) -> dict[str, list[float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = sorted(log_dir.rglob("events.out.tfevents.*"))
+    events = EventAccumulator(str(files[0]))
+    events.Reload()
+    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def run_arm(arm: str, a: argparse.Namespace, cores: list[int], work: Path, repeat: int) -> dict[str, float]:
+    log_dir = work / f"{arm}-{repeat}"
+    override = work / f"{arm}-{repeat}.yaml"
+    override.write_text(yaml.safe_dump(arm_settings(arm, a, cores, log_dir)))
+    command = [sys.executable, "-m", "evolrl", "fit", "--config", str(ROOT / "configs" / "demo.yaml"),
+               "--config", str(override)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if done.returncode:
+        raise SystemExit(f"{arm} run {repeat} failed:\n{failure_report(done.stderr)}")
+    curves = read_curves(log_dir)
+    steps = range(1, len(curves["time/step"]))  # the first step warms up
+    median = lambda tag: statistics.median(curves[tag][i] for i in steps) if tag in curves else 0.0  # noqa: E731
+    pass1 = next((v[-1] for tag, v in curves.items() if tag.startswith("val/") and tag.endswith("pass@1")), float("nan"))
+    return {"step_s": statistics.median(curves["time/step"][i] + curves["time/sync"][i] for i in steps),
+            "sample_s": median("time/sample"), "update_s": median("time/update"),
+            "rollout_wait_s": median("time/rollout_wait"), "sampler_idle_s": median("time/sampler_idle"),
+            "pass@1": pass1}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=2, help="prompts per step")
+    parser.add_argument("--vote-samples", type=int, default=64)
+    parser.add_argument("--trained-samples", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--out", type=Path, default=None, help="write the medians as JSON here")
+    a = parser.parse_args()
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("needs two cores: one for the sampler, the others for the trainer")
+    runs: dict[str, list[dict[str, float]]] = {"k0": [], "k1": []}
+    with tempfile.TemporaryDirectory(prefix="evolrl-async-bench-") as tmp:
+        for repeat in range(a.repeats):
+            for arm in runs:
+                runs[arm].append(run_arm(arm, a, cores, Path(tmp), repeat))
+                print(f"{arm} repeat {repeat}: " + ", ".join(f"{k} {v:.3f}" for k, v in runs[arm][-1].items()),
+                      flush=True)
+    medians = {arm: {m: statistics.median(r[m] for r in rs) for m in METRICS} for arm, rs in runs.items()}
+    print(f"\n{len(cores)} cores; V={a.vote_samples}, G={a.trained_samples}, P={a.prompts}, "
+          f"{a.max_new_tokens} new tokens; medians of {a.repeats} runs x {a.steps - 1} steps")
+    print(f"{'':4}" + "".join(f"{m:>16}" for m in METRICS))
+    for arm, row in medians.items():
+        print(f"{arm:4}" + "".join(f"{row[m]:16.3f}" for m in METRICS))
+    ratio = medians["k1"]["step_s"] / medians["k0"]["step_s"]
+    print(f"k1 / k0 step time: {ratio:.3f}")
+    if a.out is not None:
+        a.out.write_text(json.dumps({"settings": vars(a) | {"out": str(a.out)}, "cores": cores, "runs": runs,
+                                     "medians": medians, "k1_over_k0_step": ratio}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
