@@ -208,8 +208,8 @@ def test_a_hanging_sampler_stops_the_run_after_its_timeout(tmp_path, tiny_model)
     assert "answered nothing for 5 s (data.sampler_process.timeout_s)" in str(stopped.value.code)
 
 
-def fsdp_config(tmp_path: Path, model: str, **kwargs) -> Path:
-    config = lag_config(tmp_path, model, 1, process={}, **kwargs)
+def fsdp_config(tmp_path: Path, model: str, process: dict | None = {}, **kwargs) -> Path:  # noqa: B006 (read only)
+    config = lag_config(tmp_path, model, 1, process=process, **kwargs)
     settings = yaml.safe_load(config.read_text())
     settings["trainer"] |= {"devices": 2, "strategy": {"class_path": "evolrl.distributed.ModelParallelStrategy",
                                                       "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1}}}
@@ -222,6 +222,28 @@ def test_two_fsdp2_ranks_each_train_with_a_sampler_process_of_their_own(tmp_path
     done = run([sys.executable, "-m", "evolrl", "fit", "--config", str(fsdp_config(tmp_path, tiny_model, steps=3))])
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert lags(tmp_path) == [0.0, 1.0, 1.0]
+
+
+def test_two_ranks_resume_each_with_its_own_queued_batches(tmp_path, tiny_model):
+    """A checkpoint is written from rank 0's state: it must hold every rank's line. Preempted at step 2 and requeued,
+    the two ranks go on as the uninterrupted run: its losses at the steps after the resume are the same (each rank
+    trains its own queued prompts; rank 1 on rank 0's would change the step's gradient)."""
+    def losses(directory: Path, signal_at: int | None) -> list[float]:
+        callbacks = [] if signal_at is None else [{"class_path": "helpers.SignalAt", "init_args": {"step": signal_at}}]
+        config = fsdp_config(directory, tiny_model, steps=5, callbacks=callbacks, process=None)
+        settings = yaml.safe_load(config.read_text())
+        settings["trainer"]["enable_checkpointing"] = True
+        config.write_text(yaml.safe_dump(settings))
+        command = [sys.executable, "-m", "evolrl", "fit", "--config", str(config), "--ckpt_path", "last"]
+        first = run(command)
+        if signal_at is not None:
+            assert first.returncode == 143, first.stderr[-3000:]
+            first = run(command)
+        assert first.returncode == 0, first.stderr[-3000:]
+        files = sorted((directory / "tiny").rglob("events.out.tfevents.*"))
+        return [value for f in files for value in scalars(f.parent)["train/loss"]][-2:]
+
+    assert losses(tmp_path / "cut", signal_at=2) == losses(tmp_path / "whole", signal_at=None)
 
 
 def test_a_killed_sampler_of_one_rank_stops_both_ranks(tmp_path, tiny_model):
@@ -268,3 +290,5 @@ def test_a_sampler_on_every_core_or_on_a_trainer_gpu_is_refused(tmp_path, tiny_m
         check_placement(SamplerProcess(cuda_devices=(1,)), 1, trainer_devices=[0, 1])
     with pytest.raises(SettingError, match="one entry per training rank"):
         check_placement(SamplerProcess(cuda_devices=(2,)), 2, trainer_devices=[0, 1])
+    with pytest.raises(SettingError, match=r"cuda_devices=\[0\] is not allowed: \[\] when training on CPUs"):
+        check_placement(SamplerProcess(cuda_devices=(0,)), 1, trainer_devices=None)

@@ -27,7 +27,8 @@ from evolrl.data.sources import DataError, PromptSource, require_answers
 from evolrl.models import load_tokenizer
 from evolrl.rollout import DynamicSampling, Rollouts, Sampling, Seeds, check_engine
 from evolrl.rollout.engine import RolloutEngine
-from evolrl.rollout.remote import SamplerProcess, check_placement, start_sampler, trainer_gpus
+from evolrl.rollout.ranks import fail_together
+from evolrl.rollout.remote import SamplerProcess, start_sampler
 from evolrl.rollout.supply import RolloutSupply
 from evolrl.rollout.vllm_engine import VLLMEngine
 from evolrl.settings import check_int, require
@@ -163,14 +164,10 @@ class RolloutDataModule(L.LightningDataModule):
         self._place_sampler()
 
     def _place_sampler(self) -> None:
-        """A sampler process of this rank's own, when asked for: its placement checked against the trainer's."""
-        if self.sampler_process is None or self.supply.remote is not None:
-            return
-        rank, world = self._rank_and_world()
-        device = self.trainer.strategy.root_device if self.trainer is not None else None
-        check_placement(self.sampler_process, world, trainer_gpus(self.trainer) if self.trainer is not None else None)
-        self.supply.remote = start_sampler(self.sampler_process, self.rollouts, self.model, self.trust_remote_code,
-                                           self.longest_prompt, bool(self.eval_sets), rank, device)
+        if self.sampler_process is not None and self.supply.remote is None:  # this rank's own, when asked for
+            self.supply.remote = fail_together("sampler process start", lambda: start_sampler(
+                self.sampler_process, self.rollouts, self.model, self.trust_remote_code, self.longest_prompt,
+                bool(self.eval_sets), self.trainer))
 
     def teardown(self, stage: str) -> None:
         self.supply.stop()

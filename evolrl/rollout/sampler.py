@@ -1,11 +1,13 @@
 """The training step's two calls to the rollout side, by name: take the next rollouts, hand over the new weights.
 
 A training step (``EvolRLModule.training_step``) reads top to bottom: ``next_rollouts`` returns the responses to train
-on (sampled now, with the weights of this step), and after the update ``hand_weights`` gives the sampler the new
-weights, as the next version, before the step ends (so a checkpoint saved at the step's end holds that version).
-Before training or an evaluation the module hands over the current weights, unless the engine holds them (a resumed
-run's restored weights, an evaluation without training). ``evolrl.data.RolloutDataModule`` is the :class:`Sampler`;
-a data module of recorded rollouts is none, and the module trains on its batches as they are.
+on (sampled with the weights of this step, or of up to ``max_staleness`` steps before), and after the update
+``hand_weights`` gives the sampler the new weights, as the next version, before the step ends (so a checkpoint saved
+at the step's end holds that version). Before training or an evaluation the module hands over the current weights,
+unless the engine holds them (a resumed run's restored weights, an evaluation without training).
+``evolrl.data.RolloutDataModule`` is the :class:`Sampler`; a data module of recorded rollouts is none, and the module
+trains on its batches as they are. A sampler may also say how stale a batch may be (``max_staleness``, default 0) and
+what it waited this step (``timings()``, logged as ``time/*``).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ for each (``evolrl/rollout/sampler.py``), with the off-policy lag and the sample
 * Evaluation samples with the current weights, after the queued batches (a sampler works in order); the queue keeps
   its batches and their versions.
 * Checkpoints hold the queued batches, sampled, so a resumed run trains on exactly what the uninterrupted one would.
+* The line's last k batches are sampled and never trained; the first epoch has k steps fewer (the line took them).
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 
+import torch.distributed as dist
 from torch import nn
 
 from evolrl.rollout.plain import batch_from_plain, batch_to_plain
-from evolrl.rollout.ranks import fail_together
+from evolrl.rollout.ranks import fail_together, several_ranks
 from evolrl.rollout.remote.client import RemoteSampler
 from evolrl.rollout.rollouts import Rollouts
 from evolrl.rollout.vllm_weights import full_tensors
+from evolrl.settings import require
 from evolrl.types import RolloutBatch
 
 
@@ -110,16 +113,36 @@ class RolloutSupply:
         return queued if isinstance(queued, RolloutBatch) else self.remote.result(queued)
 
     def state_dict(self) -> dict:
-        self.queue = deque(self._result(q) for q in self.queue)  # a checkpoint holds them sampled
+        """The weights version and the line, every rank's (a checkpoint is written from rank 0's state), sampled."""
+        self.queue = deque(self._together(lambda: [self._result(q) for q in self.queue]))
         return {"version": self.rollouts.version, "queued": self.queued, "started": self.started,
-                "queue": [batch_to_plain(b) for b in self.queue]}
+                "max_staleness": self.max_staleness, "queues": every_rank([batch_to_plain(b) for b in self.queue])}
 
     def load_state_dict(self, state: dict) -> None:
         self.rollouts.load_state_dict({"version": state["version"]})
         self.queued, self.started = state.get("queued", 0), state.get("started", False)
-        self.queue = deque(batch_from_plain(b) for b in state.get("queue", []))
+        queues = state.get("queues", [[]])
+        if self.started and self.max_staleness:
+            ranks = len(every_rank(None))
+            require(len(queues) == ranks, "trainer.devices", ranks,
+                    allowed=f"{len(queues)} ranks in all, as the checkpoint's run (each rank's queued batches are "
+                    "its own prompts')")
+            require(len(queues[self.rollouts.rank]) == self.max_staleness, "data.max_staleness", self.max_staleness,
+                    allowed=f"{state.get('max_staleness')}, the checkpoint's: its line holds that many batches")
+        mine = queues[self.rollouts.rank] if self.rollouts.rank < len(queues) else []
+        self.queue = deque(batch_from_plain(b) for b in mine)
 
     def stop(self) -> None:
         if self.remote is not None:
             self.remote.stop()
             self.remote = None
+            self.rollouts.loaded = False  # a later sampler process starts without weights
+
+
+def every_rank(value) -> list:
+    """``value`` of every rank, in rank order (a collective with several ranks)."""
+    if not several_ranks():
+        return [value]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered

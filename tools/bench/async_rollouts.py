@@ -12,6 +12,7 @@ progress), the trainer's wait on the sampler, the sampler's idle time, and the h
     python -m tools.bench.async_rollouts --steps 3 --repeats 1 --vote-samples 8 --max-new-tokens 16   # a quick look
 
 Prints medians per arm and the k1 / k0 ratios, and writes them as JSON (``--out``). Needs the demo extra.
+``--estimate`` prints the labelled GPU estimate of docs/performance.md instead (a formula: :func:`estimate`).
 """
 
 from __future__ import annotations
@@ -77,6 +78,25 @@ def run_arm(arm: str, a: argparse.Namespace, cores: list[int], work: Path, repea
             "pass@1": pass1}
 
 
+def estimate(gpus: int, shares: list[float], sampler_gpus: list[int]) -> str:
+    """The labelled estimate of docs/performance.md: lockstep on ``gpus`` colocated GPUs against one step off-policy
+    with ``a`` of them sampling and the rest training, per share ``f`` of the lockstep step spent sampling.
+
+    Lockstep: ``T0 = S + U`` (``S = f T0``). Split: the trainer's ``U`` spreads over ``gpus - a`` GPUs
+    (``U x gpus / (gpus - a)``); sampling, ``gpus / a`` times the sequences per GPU, takes between ``S`` (decoding
+    bound by latency: more sequences per step cost nothing, until the KV cache or compute binds) and
+    ``S x gpus / a`` (bound by throughput). With k = 1 they overlap: ``T1 = max(sampling, update)``. The pushes
+    (seconds, in both) and the colocated engine's sleep/wake (only in lockstep) are left out."""
+    rows = ["| sampling share f | sampler GPUs | gain, latency-bound sampling | gain, throughput-bound sampling |",
+            "|---|---|---|---|"]
+    for f in shares:
+        for a in sampler_gpus:
+            update = (1 - f) * gpus / (gpus - a)
+            best, worst = 1 / max(f, update), 1 / max(f * gpus / a, update)
+            rows.append(f"| {f:.2f} | {a} of {gpus} | {best:.2f}x | {worst:.2f}x |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=6)
@@ -86,7 +106,11 @@ def main() -> None:
     parser.add_argument("--trained-samples", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--out", type=Path, default=None, help="write the medians as JSON here")
+    parser.add_argument("--estimate", action="store_true", help="print the GPU estimate's table only (no runs)")
     a = parser.parse_args()
+    if a.estimate:
+        print(estimate(8, [0.5, 0.7, 0.85], [2, 4]))
+        return
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         raise SystemExit("needs two cores: one for the sampler, the others for the trainer")

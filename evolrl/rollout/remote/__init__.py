@@ -15,8 +15,11 @@ __all__ = ["RemoteSampler", "SamplerFailed", "SamplerProcess", "check_placement"
 
 
 def start_sampler(placement: SamplerProcess, rollouts, model: str, trust_remote_code: bool, longest_prompt: int,
-                  evaluates: bool, rank: int, device: torch.device | None) -> RemoteSampler:
-    """Rank ``rank``'s sampler process, started and joined to its weight channel; this process kept off its cores."""
+                  evaluates: bool, trainer=None) -> RemoteSampler:
+    """The sampler process of this rank of ``trainer`` (a Lightning trainer; ``None``: one CPU process), its placement
+    checked, started and joined to its weight channel; this process kept off its cores."""
+    rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+    check_placement(placement, world, trainer_gpus(trainer) if trainer is not None else None)
     sleep = getattr(rollouts.engine, "sleep_level", 0)
     require(sleep == 0, "VLLMEngine.sleep_level", sleep,
             allowed="0 with a sampler process of its own (sleep mode frees memory for a trainer beside it)")
@@ -25,6 +28,7 @@ def start_sampler(placement: SamplerProcess, rollouts, model: str, trust_remote_
                        cores=placement.sampler_cores(rank),
                        cuda_device=placement.cuda_devices[rank] if placement.cuda_devices else None,
                        timeout_s=placement.timeout_s)
-    sampler = RemoteSampler(placement, spec, device if device is not None else torch.device("cpu"))
+    device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+    sampler = RemoteSampler(placement, spec, device)
     sampler.unpinned = pin_trainer(placement)
     return sampler

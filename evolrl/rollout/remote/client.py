@@ -8,6 +8,7 @@ sampler inherits neither the trainer's threads nor its CUDA context.
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -37,6 +38,7 @@ class RemoteSampler:
                                        name=f"evolrl-sampler-{spec.rank}")
         self.process.start()
         child.close()
+        atexit.register(self.stop)  # after multiprocessing's own exit handler, so it runs first
         self.tickets = 0
         self.results: dict[int, RolloutBatch] = {}
         self.last = "none yet"
@@ -46,8 +48,12 @@ class RemoteSampler:
         """Seconds the trainer has waited on the sampler so far."""
         self.unpinned: tuple[set[int], int] | None = None
         """This process's cores and threads before ``pin_trainer``."""
-        self._receive("joining")
-        self.channel.connect()
+        try:
+            self._receive("joining")
+            self.channel.connect()
+        except BaseException:
+            self.stop()
+            raise
 
     def describe(self) -> str:
         where = (f"GPU {self.spec.cuda_device}" if self.spec.cuda_device is not None else
@@ -71,6 +77,7 @@ class RemoteSampler:
                     message = self.conn.recv()
                 except (EOFError, OSError) as err:
                     raise self._gone(err) from None
+                deadline = time.perf_counter() + self.placement.timeout_s  # it answers: alive
                 if message[0] == "error":
                     raise SamplerFailed(f"the {self.describe()} failed: {message[1]}")
                 if message[0] == "result":
@@ -140,7 +147,8 @@ class RemoteSampler:
                 pass
 
     def stop(self) -> None:
-        """End the sampler process, and give this process back the cores it had before (``pin_trainer``)."""
+        """End the sampler process, and give this process back the cores it had before (``pin_trainer``); also at
+        the interpreter's exit (after an error, the data module's teardown does not run)."""
         if self.unpinned is not None:
             os.sched_setaffinity(0, self.unpinned[0])
             torch.set_num_threads(self.unpinned[1])

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import torch
+
 from evolrl.settings import check_float, require
 
 
@@ -34,9 +36,11 @@ class SamplerProcess:
     """Cores of each rank's sampler, one entry per rank (e.g. ``["1"]``); the trainer keeps the others. Empty: not
     pinned, sharing the trainer's cores."""
     cuda_devices: tuple[int, ...] = ()
-    """GPU of each rank's sampler, one per rank, none of them a trainer's (e.g. ``[6, 7]`` beside six trainer GPUs)."""
-    timeout_s: float = 1800.0
-    """Longest wait for the sampler (a batch, a weight push) before the run stops with an error naming it."""
+    """GPU of each rank's sampler, none a trainer's; ranks may share one (``[6, 6, 6, 7, 7, 7]`` beside six trainer
+    GPUs: each engine takes its ``gpu_memory_utilization``)."""
+    timeout_s: float = 600.0
+    """Longest silence of the sampler (no batch, no push done) before the run stops with an error naming it; keep it
+    below the trainer's process-group timeout (30 minutes by default)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cpus", tuple(str(c) for c in self.cpus))
@@ -44,9 +48,8 @@ class SamplerProcess:
         sets = [parse_cores(c, f"SamplerProcess.cpus[{i}]") for i, c in enumerate(self.cpus)]
         require(all(a.isdisjoint(b) for i, a in enumerate(sets) for b in sets[i + 1:]), "SamplerProcess.cpus",
                 list(self.cpus), allowed="disjoint core lists: one per rank's sampler")
-        require(all(isinstance(d, int) and d >= 0 for d in self.cuda_devices)
-                and len(set(self.cuda_devices)) == len(self.cuda_devices), "SamplerProcess.cuda_devices",
-                list(self.cuda_devices), allowed="distinct GPU indices, one per rank's sampler")
+        require(all(isinstance(d, int) and d >= 0 for d in self.cuda_devices), "SamplerProcess.cuda_devices",
+                list(self.cuda_devices), allowed="GPU indices, one per rank's sampler")
         check_float("SamplerProcess.timeout_s", self.timeout_s, 0.0, low_open=True)
 
     def sampler_cores(self, rank: int) -> frozenset[int] | None:
@@ -70,12 +73,18 @@ def check_placement(placement: SamplerProcess, world_size: int, trainer_devices:
                 allowed=f"cores this process may run on: {sorted(usable)}")
         require(bool(usable - wanted), "data.sampler_process.cpus", list(placement.cpus),
                 allowed=f"leaving the trainer at least one of the cores {sorted(usable)}")
-    if trainer_devices is not None:
+    if trainer_devices is None:
+        require(not placement.cuda_devices, "data.sampler_process.cuda_devices", list(placement.cuda_devices),
+                allowed="[] when training on CPUs (the weights travel over gloo there, NCCL between GPUs)")
+    else:
         require(bool(placement.cuda_devices), "data.sampler_process.cuda_devices", [],
                 allowed="a GPU per rank's sampler: training on GPUs, the sampler's would otherwise be a trainer's")
         shared = sorted(set(placement.cuda_devices) & set(trainer_devices))
         require(not shared, "data.sampler_process.cuda_devices", list(placement.cuda_devices),
                 allowed=f"GPUs the trainer does not use (it trains on {sorted(trainer_devices)}; shared: {shared})")
+        seen = torch.cuda.device_count()
+        require(max(placement.cuda_devices) < seen, "data.sampler_process.cuda_devices", list(placement.cuda_devices),
+                allowed=f"indices of the {seen} GPUs this process sees")
 
 
 def trainer_gpus(trainer) -> list[int] | None:

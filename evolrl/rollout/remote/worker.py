@@ -10,8 +10,10 @@ the sampler's idle time, reported with every result. Any error is sent back, nam
 from __future__ import annotations
 
 import os
+import signal
 import time
 import traceback
+from collections import deque
 from dataclasses import dataclass
 
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
@@ -35,11 +37,20 @@ class SamplerSpec:
 
 
 def _place(spec: SamplerSpec) -> None:
-    """Pin to the sampler's cores or GPU, and leave the trainer's launcher behind (its ranks are not ours)."""
+    """Pin to the sampler's cores or GPU, and leave the trainer's launcher behind (its ranks are not ours).
+
+    SIGTERM, SIGUSR1 and SIGINT are the trainer's to act on (a scheduler or a terminal signals the whole process
+    group): the trainer saves at the end of its step, which needs the sampler, then stops it. A sampler left behind by
+    a killed trainer ends when its pipe closes.
+    """
+    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
     for key in LAUNCHER_VARIABLES:
         os.environ.pop(key, None)
-    if spec.cuda_device is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(spec.cuda_device)
+    if spec.cuda_device is not None:  # an index among the GPUs the trainer sees, as the trainer's own are
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        mask = visible.split(",") if visible else None
+        os.environ["CUDA_VISIBLE_DEVICES"] = mask[spec.cuda_device] if mask else str(spec.cuda_device)
     if spec.cores is not None:
         os.sched_setaffinity(0, spec.cores)
         os.environ["OMP_NUM_THREADS"] = str(len(spec.cores))
@@ -65,10 +76,10 @@ def serve(conn, spec: SamplerSpec, port: int) -> None:
         device = torch.device("cuda", 0) if spec.cuda_device is not None else torch.device("cpu")
         conn.send(("joining", os.getpid()))
         channel = SamplerEnd(port, device, spec.timeout_s)
-        idle = 0.0
+        inbox, idle = Inbox(conn), 0.0
         while True:
             waited = time.perf_counter()
-            message = conn.recv()
+            message = inbox.next()
             idle += time.perf_counter() - waited
             kind = message[0]
             if kind == "stop":
@@ -79,13 +90,12 @@ def serve(conn, spec: SamplerSpec, port: int) -> None:
                 rollouts.engine.load_stream(like, channel.receive(conn.recv), version)
                 rollouts.version, rollouts.loaded = version, True
                 conn.send(("pushed", version))
-            elif kind == "sample":
-                _, ticket, prompts, prompt_ids, index, round_ = message
-                batch = rollouts.sample(prompts, prompt_ids, round=round_, index=index)
+            elif kind in ("sample", "eval"):
+                ticket, prompts, prompt_ids = message[1:4]
+                batch = (rollouts.sample(prompts, prompt_ids, round=message[5], index=message[4]) if kind == "sample"
+                         else rollouts.sample_eval(prompts, prompt_ids))
+                inbox.drain()  # the trainer may be sending more while this result comes back
                 conn.send(("result", ticket, batch, idle))
-            elif kind == "eval":
-                _, ticket, prompts, prompt_ids = message
-                conn.send(("result", ticket, rollouts.sample_eval(prompts, prompt_ids), idle))
             else:
                 raise ValueError(f"unknown request {kind!r}")
     except BaseException as err:  # noqa: BLE001 - reported to the trainer, which raises it there
@@ -94,3 +104,23 @@ def serve(conn, spec: SamplerSpec, port: int) -> None:
         except (OSError, EOFError):
             pass
         raise SystemExit(1) from None
+
+
+class Inbox:
+    """The requests from the trainer, read in order; the process ends when the trainer is gone (its pipe end
+    closes, or it is no longer this process's parent)."""
+
+    def __init__(self, conn) -> None:
+        self.conn, self.parent, self.pending = conn, os.getppid(), deque()
+
+    def next(self) -> tuple:
+        if self.pending:
+            return self.pending.popleft()
+        while not self.conn.poll(1.0):
+            if os.getppid() != self.parent:
+                raise SystemExit(1)
+        return self.conn.recv()
+
+    def drain(self) -> None:
+        while self.conn.poll(0):
+            self.pending.append(self.conn.recv())
