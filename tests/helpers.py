@@ -379,14 +379,17 @@ def stops_where_written(engine, prompts, ids, tokenizer) -> None:
 
 class SignalAt(L.Callback):
     """Sends this process ``signum`` as training step ``step`` starts (as a scheduler's SIGTERM would arrive); with
-    ``rank``, only that rank's process."""
+    ``rank``, only that rank's process; with ``group``, its whole process group (as SLURM signals a job step)."""
 
-    def __init__(self, step: int, signum: int = 15, rank: int | None = None) -> None:
-        self.step, self.signum, self.rank = step, signum, rank
+    def __init__(self, step: int, signum: int = 15, rank: int | None = None, group: bool = False) -> None:
+        self.step, self.signum, self.rank, self.group = step, signum, rank, group
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
         if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
-            os.kill(os.getpid(), self.signum)
+            if self.group:
+                os.killpg(os.getpgid(0), self.signum)
+            else:
+                os.kill(os.getpid(), self.signum)
 
 
 class NaNAfter(MajorityVoteReward):

@@ -189,6 +189,22 @@ def test_kill_9_and_resume_ends_with_the_weights_of_an_uninterrupted_run(tmp_pat
     assert all(torch.equal(final["state_dict"][k], v) for k, v in expected["state_dict"].items())
 
 
+def test_a_sigterm_to_the_whole_job_saves_through_the_sampler_and_the_requeue_finishes(tmp_path, tiny_model):
+    """As a scheduler preempts: SIGTERM to the process group, sampler included. The sampler ignores it, so the
+    trainer finishes the step, saves (the queued batch with it) and exits 143; the requeue runs to the end."""
+    config = lag_config(tmp_path, tiny_model, 1, steps=4, process={}, checkpoints=True, callbacks=[
+        {"class_path": "helpers.SignalAt", "init_args": {"step": 2, "group": True}}])
+    command = [sys.executable, "-m", "evolrl", "fit", "--config", str(config), "--ckpt_path", "last"]
+    first = run(command, start_new_session=True)
+    assert first.returncode == 143, first.stdout[-2000:] + first.stderr[-3000:]
+    assert "SIGTERM received, stopping at step 3" in first.stdout
+    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert len(saved["RolloutDataModule"]["rollouts"]["queues"][0]) == 1  # the queued batch, sampled
+    requeue = run(command, start_new_session=True)
+    assert requeue.returncode == 0, requeue.stdout[-2000:] + requeue.stderr[-3000:]
+    assert "resuming from" in requeue.stdout
+
+
 def test_a_killed_sampler_stops_the_run_naming_it_within_a_minute(tmp_path, tiny_model, capsys):
     config = lag_config(tmp_path, tiny_model, 1, steps=4, process={},
                         callbacks=[{"class_path": "helpers.SignalSampler", "init_args": {"step": 1}}])
@@ -292,3 +308,45 @@ def test_a_sampler_on_every_core_or_on_a_trainer_gpu_is_refused(tmp_path, tiny_m
         check_placement(SamplerProcess(cuda_devices=(2,)), 2, trainer_devices=[0, 1])
     with pytest.raises(SettingError, match=r"cuda_devices=\[0\] is not allowed: \[\] when training on CPUs"):
         check_placement(SamplerProcess(cuda_devices=(0,)), 1, trainer_devices=None)
+
+
+def _receiving_end(conn, port: int, device: str) -> None:
+    from evolrl.rollout.remote.channel import SamplerEnd
+
+    end = SamplerEnd(port, torch.device(device), timeout_s=60)
+    for _ in range(2):  # two pushes: the second into the kept buffers, one of them reshaped
+        conn.send([(name, float(t.double().sum()), tuple(t.shape), str(t.dtype)) for name, t in end.receive(conn.recv)])
+
+
+def pushed_through_the_channel(device: str, sampler_device: str) -> None:
+    import torch.multiprocessing as mp
+
+    from evolrl.rollout.remote.channel import TrainerEnd
+
+    trainer = TrainerEnd(torch.device(device), timeout_s=60)
+    context = mp.get_context("spawn")
+    conn, child = context.Pipe()
+    process = context.Process(target=_receiving_end, args=(child, trainer.port, sampler_device), daemon=True)
+    process.start()
+    trainer.connect()
+    for push in range(2):
+        tensors = {"embed.weight": torch.randn(50, 8 + push), "norm.weight": torch.arange(8.0).to(torch.bfloat16)}
+        sent = trainer.send(iter(tensors.items()), conn.send)
+        assert sent == sum(t.numel() * t.element_size() for t in tensors.values())
+        received = conn.recv()
+        assert [(n, s, d) for n, _, s, d in received] == [(n, tuple(t.shape), str(t.dtype)) for n, t in tensors.items()]
+        assert all(total == float(tensors[name].double().sum()) for name, total, _, _ in received)
+    process.join(30)
+    assert process.exitcode == 0
+
+
+def test_the_gloo_channel_moves_named_tensors_whole():
+    """Two pushes through the CPU channel, in float32 and bfloat16, the second reshaping one tensor: every tensor
+    arrives with its name, shape, dtype and exact values (a broadcast copies bytes: the sums agree exactly)."""
+    pushed_through_the_channel("cpu", "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL between two processes needs two GPUs")
+def test_the_nccl_channel_moves_named_tensors_whole():
+    pushed_through_the_channel("cuda:0", "cuda:1")
