@@ -163,7 +163,8 @@ class RolloutEngine(ABC):
         self.version = self.version + 1 if version is None else version
 
     def weights_dtype(self, policy: nn.Module) -> torch.dtype:
-        """The dtype the weights are sent to a sampler process in (the engine's own)."""
+        """The dtype the weights are sent to a sampler process in: the policy's, so that a copy samples as the policy
+        itself would, unless the engine has a dtype of its own."""
         return next(policy.parameters()).dtype
 
     def load_stream(self, like: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], version: int) -> None:

@@ -36,11 +36,8 @@ class HFEngine(RolloutEngine):
         require(isinstance(report_logprobs, bool), "HFEngine.report_logprobs", report_logprobs,
                 allowed="true or false")
         self.prompts_per_call = prompts_per_call
-        self.report_logprobs = self.reports_logprobs = report_logprobs
+        self.reports_logprobs = report_logprobs
         self.model: nn.Module | None = None
-
-    def weights_dtype(self, policy: nn.Module) -> torch.dtype:
-        return next(policy.parameters()).dtype  # a copy samples as the policy itself would
 
     def _load(self, policy: nn.Module) -> None:
         self.model = policy
@@ -66,7 +63,7 @@ class HFEngine(RolloutEngine):
                     pad = tokenizer.pad_token_id
                     input_ids = torch.tensor([[pad] * (width - len(ids)) + list(ids) for ids in chunk], device=device)
                     attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk], device=device)
-                    recorder = SampledLogprobs(sampling) if self.report_logprobs else None
+                    recorder = SampledLogprobs(sampling) if self.reports_logprobs else None
                     warps = (dict(temperature=1.0, top_p=1.0, top_k=0, logits_processor=[recorder]) if recorder else
                              dict(temperature=sampling.temperature, top_p=sampling.top_p,
                                   top_k=max(sampling.top_k, 0)))  # 0: no top-k filter

@@ -75,12 +75,13 @@ class Rollouts:
         self.engine.setup(tokenizer, max_sequences=max(n for n, _ in calls),
                           max_tokens=longest_prompt + max(t for _, t in calls), seed=self.seeds.engine(self.rank))
 
-    def push(self, policy: nn.Module, new_version: bool = True) -> None:
+    def push(self, policy: nn.Module, new_version: bool = True, load=None) -> None:
         """Hand the policy's weights to the engine, as the next version or (``new_version=False``) as the current one
-        again (a resumed run, or evaluation without training)."""
+        again (a resumed run, or evaluation without training); ``load(policy, version=...)``: how they get there
+        (default: the engine's ``load_weights``; a sampler process's push)."""
         if new_version or self.version < 0:
             self.version += 1
-        self.engine.load_weights(policy, version=self.version)
+        (load or self.engine.load_weights)(policy, version=self.version)
         self.loaded = True
 
     def sample(self, prompts: Sequence[Prompt], prompt_ids: Sequence[Sequence[int]], round: int = 0,

@@ -77,16 +77,12 @@ class RolloutSupply:
 
     def push(self, policy: nn.Module, new: bool = True) -> None:
         """Give the engine ``policy``'s weights as the next version, or as the current one unless it holds them."""
-        if self.remote is None:
-            if new or not self.rollouts.loaded:
-                self.rollouts.push(policy, new_version=new)
-            return
-        if not new and self.rollouts.loaded:
-            return
-        version = self.rollouts.version + 1 if new or self.rollouts.version < 0 else self.rollouts.version
+        if new or not self.rollouts.loaded:
+            self.rollouts.push(policy, new_version=new, load=self._push_remote if self.remote is not None else None)
+
+    def _push_remote(self, policy: nn.Module, version: int) -> None:
         tensors = full_tensors(policy, self.rollouts.engine.weights_dtype(policy))
         self._together(lambda: self.remote.push(tensors, version))
-        self.rollouts.version, self.rollouts.loaded = version, True
 
     def timings(self) -> dict[str, float]:
         """Since the last call: the trainer's wait on its sampler process and the sampler's idle seconds."""

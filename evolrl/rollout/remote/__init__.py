@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
 from evolrl.rollout.remote.client import RemoteSampler, SamplerFailed, pin_trainer
@@ -23,7 +21,7 @@ def start_sampler(placement: SamplerProcess, rollouts, model: str, trust_remote_
     sleep = getattr(rollouts.engine, "sleep_level", 0)
     require(sleep == 0, "VLLMEngine.sleep_level", sleep,
             allowed="0 with a sampler process of its own (sleep mode frees memory for a trainer beside it)")
-    spec = SamplerSpec(rollouts=copy.copy(rollouts), model=model, trust_remote_code=trust_remote_code,
+    spec = SamplerSpec(rollouts=rollouts, model=model, trust_remote_code=trust_remote_code,
                        longest_prompt=longest_prompt, evaluates=evaluates, rank=rank,
                        cores=placement.sampler_cores(rank),
                        cuda_device=placement.cuda_devices[rank] if placement.cuda_devices else None,

@@ -120,12 +120,6 @@ class RemoteSampler:
             self._receive("result")
         return self.results.pop(ticket)
 
-    def done(self) -> list[int]:
-        """Tickets whose batches arrived, after reading what is there (no wait)."""
-        while self.conn.poll(0):
-            self._receive("result")
-        return sorted(self.results)
-
     def push(self, tensors: Iterator, version: int) -> float:
         """The weights ``tensors`` as ``version``, once the sampler has finished what was sent before; the seconds
         the transfer took (the wait before it counts in ``waited``). ``tensors`` is drained whatever fails (under
