@@ -154,7 +154,8 @@ def test_each_reward_and_the_grader_keep_their_own_answer_rules():
 def test_a_reward_output_knows_the_components_its_reward_declares():
     out = MajorityVoteReward()(batch())
     assert out.components.names == tuple(MajorityVoteReward.components) == (
-        "valid", "majority", "answer_class", "trailing")
+        "valid", "majority", "answer_class", "trailing", "gated", "left_out")  # the last two: a consensus gate's
+    assert "gated" not in out.components  # declared, absent without a gate
     with pytest.raises(KeyError, match="'novelty' is not a component its reward declares"):
         "novelty" in out.components  # noqa: B015 (the test is that asking raises)
     plain = VerifierReward()(batch(answer="8")).components

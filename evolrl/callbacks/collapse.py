@@ -19,16 +19,18 @@ class CollapseMonitor(TrainViewCallback):
     optionally stops training there.
 
     He et al. 2026, "How Far Can Unsupervised RLVR Scale LLM Training?" (URLVR, ICLR 2026), found that every
-    intrinsic reward they compared rises and then collapses, and proposed watching for the Model Collapse Step. Theirs
-    is read off reward accuracy (how often the proxy reward agrees with correctness, which needs ground truth; a
-    secondary source gives "reward accuracy below 1%"; we could not confirm the threshold from the paper). This
-    monitor works without labels by default, on what a collapsed group looks like: its answers agree (majority ratio
-    near 1) while the policy's entropy has fallen far below where the run started, so sampling no longer explores and
-    pass@k falls to pass@1 (the paper's "entropy collapse"). Agreement alone is not collapse (a problem the model
-    has learned is answered the same way every time), hence both. URLVR's own measure is available as
-    ``reward_accuracy`` when the prompts carry answers. Signals are window means of the per-step numbers the other
-    callbacks log (``evolrl.metrics.diagnostics``, the view's entropy and response lengths); "fractions" compare to
-    the mean of the run's first ``window`` steps (so a relative criterion can hold from step ``2 * window - 1`` on).
+    intrinsic reward they compared rises and then collapses, and proposed watching for the Model Collapse Step.
+    Theirs is read off reward accuracy (how often the proxy reward agrees with correctness, which needs ground
+    truth; a secondary source gives "reward accuracy below 1%"; we could not confirm the threshold from the paper).
+    This monitor works without labels by default, on what a collapsed group looks like: its answers agree (majority
+    ratio near 1) while the policy's entropy has fallen far below where the run started, so sampling no longer
+    explores and pass@k falls to pass@1 (the paper's "entropy collapse"). Agreement alone is not collapse (a problem
+    the model has learned is answered the same way every time), hence both. URLVR's own measure is available as
+    ``reward_accuracy`` when the prompts carry answers, and the Model Collapse Step itself, as URLVR defines it, is
+    tracked beside the criteria whenever they do (``model_collapse_accuracy``; the run summary prints both steps).
+    Signals are window means of the per-step numbers the other callbacks log (``evolrl.metrics.diagnostics``, the
+    view's entropy and response lengths); "fractions" compare to the mean of the run's first ``window`` steps (so a
+    relative criterion can hold from step ``2 * window - 1`` on).
 
     Works in any Lightning module whose steps it can read as a :class:`TrainView` (``extract``). A criterion whose
     measure the view lacks is an error at the first step, not a silent skip. Its state (history, collapse step) is
@@ -42,6 +44,8 @@ class CollapseMonitor(TrainViewCallback):
         distinct_answers: ... and the distinct answers per group are at most this many.
         length_fraction: ... and the mean response length is at most this fraction of its starting level.
         reward_accuracy: ... and reward accuracy (needs ground truth) is at most this (URLVR's measure).
+        model_collapse_accuracy: URLVR's Model Collapse Step: the first step whose reward accuracy (the step's, no
+            window) is below this; needs ground truth, else not measured; ``null``: off.
         window: Steps averaged, and steps that set the starting level.
         stop: Stop training at the collapse step.
         extract: ``(outputs, batch) -> TrainView``; reads evolrl's step output by default.
@@ -56,6 +60,7 @@ class CollapseMonitor(TrainViewCallback):
         distinct_answers: float | None = None,
         length_fraction: float | None = None,
         reward_accuracy: float | None = None,
+        model_collapse_accuracy: float | None = 0.01,
         window: int = 5,
         stop: bool = False,
         extract: Callable[[Any, Any], TrainView | None] = evolrl_train_view,
@@ -76,6 +81,14 @@ class CollapseMonitor(TrainViewCallback):
             check_float(f"CollapseMonitor.{keys[name]}", value, 0.0)
         require(bool(self.criteria), "CollapseMonitor", "no criterion",
                 allowed="at least one criterion that is not null")
+        if model_collapse_accuracy is not None:
+            check_float("CollapseMonitor.model_collapse_accuracy", model_collapse_accuracy, 0.0, 1.0)
+        self.model_collapse_accuracy = model_collapse_accuracy
+        self.model_collapse_step: int | None = None
+        """URLVR's Model Collapse Step, once reached."""
+        self.accuracy_steps = 0
+        """Steps whose reward accuracy was known (0: the prompts carry no answers, so no Model Collapse Step)."""
+
         check_int("CollapseMonitor.window", window, 1)
         require(isinstance(stop, bool), "CollapseMonitor.stop", stop, allowed="true or false")
         self.keys, self.window, self.stop = keys, window, stop
@@ -84,8 +97,9 @@ class CollapseMonitor(TrainViewCallback):
         self.collapse_step: int | None = None
         """The collapse step, once flagged."""
 
-    def measures(self, view: TrainView) -> dict[str, float]:
-        """The criteria's measures for one step; a missing one is a ValueError naming the setting to turn off."""
+    def measures(self, view: TrainView, step: int | None = None) -> dict[str, float]:
+        """The criteria's measures for one step; a missing one is a ValueError naming the setting to turn off. The
+        step's reward accuracy, where known, also counts towards the Model Collapse Step of ``step``."""
         found: dict[str, float] = {}
         if view.rewards is not None:
             found = label_free_diagnostics(view.rewards, view.truths(), None)
@@ -93,6 +107,7 @@ class CollapseMonitor(TrainViewCallback):
             found["entropy"] = float(view.entropy)
         if view.response_lengths is not None:
             found["response_length"] = view.response_lengths.float().mean().item()
+        self.watch_model_collapse(step, found.get("reward_accuracy"))
         out = {}
         for name, *_ in self.criteria:
             if name not in found or not math.isfinite(found[name]):
@@ -119,8 +134,39 @@ class CollapseMonitor(TrainViewCallback):
                 return False
         return True
 
+    def watch_model_collapse(self, step: int | None, accuracy: float | None) -> bool:
+        """Count ``step``'s reward accuracy (``None``: unknown) towards URLVR's Model Collapse Step; whether this is
+        that step."""
+        if self.model_collapse_accuracy is None or accuracy is None or not math.isfinite(accuracy):
+            return False
+        self.accuracy_steps += 1
+        if self.model_collapse_step is None and accuracy < self.model_collapse_accuracy:
+            self.model_collapse_step = step if step is not None else self.accuracy_steps - 1
+            return True
+        return False
+
+    def summary(self) -> list[str]:
+        """The run summary's lines: the collapse step and URLVR's Model Collapse Step, or why there is none."""
+        seen = f"none in {len(self.history)} steps" if self.history else "no training step seen"
+        lines = [f"Collapse step (CollapseMonitor): {self.collapse_step if self.collapse_step is not None else seen}"]
+        if self.model_collapse_accuracy is not None:
+            rule = f"the first step with reward accuracy < {self.model_collapse_accuracy:g}"
+            if self.model_collapse_step is not None:
+                found = f"{self.model_collapse_step}"
+            elif self.accuracy_steps:
+                found = f"none in {self.accuracy_steps} steps"
+            else:
+                found = "not measured (the training prompts carry no answers)"
+            lines.append(f"Model collapse step (URLVR, {rule}): {found}")
+        return lines
+
     def on_view(self, trainer, pl_module, view: TrainView) -> None:
-        collapsed = self.observe(self.measures(view))
+        step = view.step if view.step is not None else trainer.global_step
+        before = self.model_collapse_step
+        collapsed = self.observe(self.measures(view, step))
+        if before is None and self.model_collapse_step is not None:
+            for logger in trainer.loggers:
+                logger.log_metrics({f"{self.prefix}model_collapse_step": float(step)}, step=step)
         if self.collapse_step is None and collapsed:
             self.collapse_step = view.step if view.step is not None else trainer.global_step
             for logger in trainer.loggers:
@@ -136,8 +182,11 @@ class CollapseMonitor(TrainViewCallback):
                           on_epoch=False, batch_size=1)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"history": self.history, "collapse_step": self.collapse_step}
+        return {"history": self.history, "collapse_step": self.collapse_step,
+                "model_collapse_step": self.model_collapse_step, "accuracy_steps": self.accuracy_steps}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = list(state_dict["history"])
         self.collapse_step = state_dict["collapse_step"]
+        self.model_collapse_step = state_dict.get("model_collapse_step")
+        self.accuracy_steps = state_dict.get("accuracy_steps", 0)

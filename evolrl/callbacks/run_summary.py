@@ -7,6 +7,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.trainer.states import TrainerFn
 
+from evolrl.callbacks.collapse import CollapseMonitor
 from evolrl.callbacks.pass_at_k import PassAtK
 from evolrl.settings import check_int
 
@@ -17,11 +18,12 @@ Evaluation = tuple[int, dict[str, dict[str, float]]]
 class RunSummary(L.Callback):
     """Prints each evaluation set's pass@k and maj@k (from the run's :class:`PassAtK`) when a run ends.
 
-    ``fit`` prints the first and the last evaluation, so the change training made is one glance (the sanity check
-    is the first when it evaluates before training; ``num_sanity_val_steps: -1`` makes it cover the whole sets),
-    then the curves' directory of each logger and the checkpoint's path. ``validate`` and ``test`` print their
-    table and the file :class:`PassAtK` wrote it to. Only the global-zero rank prints (every rank holds the same
-    table), to stdout, at the run's teardown. A run without :class:`PassAtK` prints no table.
+    ``fit`` prints the first and the last evaluation, so the change training made is one glance (the sanity check is
+    the first when it evaluates before training; ``num_sanity_val_steps: -1`` makes it cover the whole sets), the
+    collapse step and URLVR's Model Collapse Step where a :class:`CollapseMonitor` watched, then the curves'
+    directory of each logger and the checkpoint's path. ``validate`` and ``test`` print their table and the file
+    :class:`PassAtK` wrote it to. Only the global-zero rank prints (every rank holds the same table), to stdout, at
+    the run's teardown. A run without :class:`PassAtK` prints no table.
 
     Args:
         digits: Decimals of each pass@k and maj@k (0-6).
@@ -47,7 +49,7 @@ class RunSummary(L.Callback):
     def teardown(self, trainer, pl_module, stage: str) -> None:
         """Printed here, after the progress bar has stopped (``on_fit_end`` comes before that)."""
         if stage == TrainerFn.FITTING:
-            self._print(trainer, *self._held_out(), *self._paths(trainer))
+            self._print(trainer, *self._held_out(), *self._collapse(trainer), *self._paths(trainer))
         elif stage in (TrainerFn.VALIDATING, TrainerFn.TESTING) and self.last is not None:
             title = "Validation" if stage == TrainerFn.VALIDATING else "Test"
             self._print(trainer, f"{title} at step {self.last[0]}:", *self._table([self.last], with_step=False),
@@ -59,6 +61,12 @@ class RunSummary(L.Callback):
         if self.last is self.first:
             return ["Held-out evaluation:", *self._table([self.first], with_step=True)]
         return ["Held-out evaluation, first and last:", *self._table([self.first, self.last], with_step=True)]
+
+    @staticmethod
+    def _collapse(trainer) -> list[str]:
+        """The collapse step and URLVR's Model Collapse Step of the run's :class:`CollapseMonitor`, if it has one."""
+        monitor = next((c for c in trainer.callbacks if isinstance(c, CollapseMonitor)), None)
+        return monitor.summary() if monitor is not None else []
 
     @staticmethod
     def _paths(trainer) -> list[str]:

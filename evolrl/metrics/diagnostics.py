@@ -18,7 +18,7 @@ from evolrl.types import RewardOutput
 
 ZERO_VARIANCE_ATOL = 1e-8
 
-READS = ("valid", "majority", "answer_class", "trailing", "novelty")
+READS = ("valid", "majority", "answer_class", "trailing", "novelty", "gated")
 """The components the diagnostics read, from whichever reward declares them (the answer-reading rewards all declare
 the first four)."""
 
@@ -60,6 +60,8 @@ def label_free_diagnostics(
     if "novelty" in parts and torch.isfinite(parts["novelty"]).any():
         novelty = parts["novelty"]
         stats["novelty_mean"] = novelty[torch.isfinite(novelty)].mean().item()
+    if "gated" in parts:  # a consensus gate's groups without a label
+        stats["gated_groups"] = parts["gated"].any(dim=1).float().mean().item()
     if truncated is not None:
         stats["truncation_rate"] = truncated.float().mean().item()
     known = [p for p, t in enumerate(truths or ()) if t is not None]

@@ -1,9 +1,21 @@
-"""TTRL baseline: reward 1 for agreeing with the group's majority answer, else 0."""
+"""TTRL baseline: reward 1 for agreeing with the group's majority answer, else 0; the base of the majority-vote family.
+
+EVOL-RL (``EvolReward``) and RESTRAIN (``RestrainReward``) score from the same vote; all of them take a
+:class:`~evolrl.rewards.consensus_gate.ConsensusGate` (``gate``), which decides when a group's majority may teach.
+"""
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
+from torch import Tensor
+
 from evolrl.rewards.answer_rules import EVERY_ANSWER, AnswerRules
-from evolrl.rewards.answer_sheet import AnswerReward
+from evolrl.rewards.answer_sheet import AnswerReward, AnswerSheet
+from evolrl.rewards.consensus_gate import COMPONENTS as GATE_COMPONENTS
+from evolrl.rewards.consensus_gate import ConsensusGate
+from evolrl.rewards.policy_signal import PolicySignal
+from evolrl.settings import require
 from evolrl.types import RewardOutput, RolloutBatch
 
 
@@ -12,11 +24,30 @@ class MajorityVoteReward(AnswerReward):
 
     Args:
         answers: How answers are read; by default every response with an answer votes, as in TTRL.
+        gate: When a group's majority may teach (:class:`~evolrl.rewards.ConsensusGate`); ``null``: always.
     """
 
-    def __init__(self, answers: AnswerRules = EVERY_ANSWER) -> None:
-        super().__init__(answers)
+    components = MappingProxyType({**AnswerReward.components, **GATE_COMPONENTS})
 
-    def __call__(self, batch: RolloutBatch) -> RewardOutput:
+    def __init__(self, answers: AnswerRules = EVERY_ANSWER, gate: ConsensusGate | None = None) -> None:
+        super().__init__(answers)
+        require(gate is None or isinstance(gate, ConsensusGate), f"{type(self).__name__}.gate", gate,
+                allowed="null (no gating) or an evolrl.rewards.ConsensusGate")
+        self.gate = gate
+
+    @property
+    def needs_policy(self) -> bool:  # SCRL's entropy-gated negatives read the policy's token entropy
+        return self.gate is not None and self.gate.reads_policy
+
+    def __call__(self, batch: RolloutBatch, policy: PolicySignal | None = None) -> RewardOutput:
         sheet = self.read(batch)
-        return self.output(sheet, sheet.majority.float())
+        rewards, parts = self.score(batch, sheet)
+        if self.gate is not None:
+            entropy = policy.per_response(policy.entropy, batch.group_size) if policy is not None else None
+            rewards, gated = self.gate(rewards, sheet.answer_class, entropy)
+            parts |= gated
+        return self.output(sheet, rewards, **parts)
+
+    def score(self, batch: RolloutBatch, sheet: AnswerSheet) -> tuple[Tensor, dict[str, Tensor]]:
+        """``[P, V]`` rewards before the gate, and the components they were built from."""
+        return sheet.majority.float(), {}

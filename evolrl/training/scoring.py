@@ -93,6 +93,8 @@ class Scoring:
     """The policy's vocabulary size (for a reward that reads the policy)."""
     step: int = 0
     """The training step, for the error a non-finite reward stops the run with."""
+    teacher: Callable[[RolloutBatch], RolloutBatch] | None = None
+    """The teacher's samples of a batch's prompts, for a reward that scores against them (``needs_teacher``)."""
 
     def __call__(self, rollouts: RolloutBatch) -> Scored:
         """Rewards ``[P, V]`` (shaped), group advantages of the trained ``[P, G]`` and their sequences (scored under
@@ -105,22 +107,31 @@ class Scoring:
                                               entropy=passed.entropy, mean_logp=passed.mean_logp,
                                               vocabulary=self.vocabulary)
             rewards = self.reward(rollouts, policy=signal)
+        elif getattr(self.reward, "needs_teacher", False):
+            rewards = self.reward(rollouts, teacher=self.teacher(rollouts))
         else:
             rewards = self.reward(rollouts)
         check_rewards(self.reward, rewards, rollouts.trained, self.step)
         rewards, stats = self.shape(rollouts, rewards)
-        advantages = self.advantages_of(rewards.rewards.gather(1, rollouts.trained))  # [P, G]
-        seqs, masked = self.mask(rollouts, replace(seqs, advantages=advantages.reshape(-1).float().to(self.device)))
+        advantages = self.reward.advantages(rewards, rollouts.trained, self.advantages_of)  # [P, G]
+        seqs, masked = self.mask(rollouts, rewards,
+                                 replace(seqs, advantages=advantages.reshape(-1).float().to(self.device)))
         return Scored(rewards, advantages, seqs=seqs, policy_pass=passed, rollouts=rollouts, stats=stats | masked)
 
-    def mask(self, rollouts: RolloutBatch, seqs: Sequences) -> tuple[Sequences, dict[str, float]]:
-        """``seqs`` with the truncated responses out of the loss mask (:class:`~evolrl.algorithms.OverlongMask`),
-        and the share left out."""
-        if self.overlong is None or not self.overlong.masks():
-            return seqs, {}
-        left_out = _truncated(rollouts).gather(1, rollouts.trained).reshape(-1, 1).to(self.device)
-        return replace(seqs, response_mask=seqs.response_mask & ~left_out), {
-            "overlong/masked": left_out.float().mean().item()}
+    def mask(self, rollouts: RolloutBatch, rewards: RewardOutput, seqs: Sequences
+             ) -> tuple[Sequences, dict[str, float]]:
+        """``seqs`` with the responses the reward leaves out (its ``left_out`` component: a consensus gate's masked
+        groups) and the truncated ones (:class:`~evolrl.algorithms.OverlongMask`) out of the loss mask, and the share
+        of the latter."""
+        left_out, stats = _left_out(rewards), {}
+        if self.overlong is not None and self.overlong.masks():
+            truncated = _truncated(rollouts)
+            left_out, stats = left_out | truncated, {"overlong/masked": truncated.gather(1, rollouts.trained)
+                                                     .float().mean().item()}
+        if not left_out.any():
+            return seqs, stats
+        left_out = left_out.gather(1, rollouts.trained).reshape(-1, 1).to(self.device)
+        return replace(seqs, response_mask=seqs.response_mask & ~left_out), stats
 
     def shape(self, rollouts: RolloutBatch, rewards: RewardOutput) -> tuple[RewardOutput, dict[str, float]]:
         """The rewards with the overlong penalty added, and the share of responses it touched."""
@@ -159,7 +170,8 @@ def score_rounds(scoring: Scoring, first: RolloutBatch, source: RolloutSource | 
     wanted, rounds, parts = first.num_prompts, 1, []
 
     def keep(part: Scored) -> int:
-        rows = (~agreeing_groups(part.rewards.rewards.gather(1, part.rollouts.trained))).nonzero().flatten().tolist()
+        trains = ~agreeing_groups(part.rewards.rewards.gather(1, part.rollouts.trained))
+        rows = (trains & ~_left_out(part.rewards).all(dim=1)).nonzero().flatten().tolist()
         parts.append((part, rows))
         return len(rows)
 
@@ -199,8 +211,16 @@ def _joined(scoring: Scoring, picks: list[tuple[Scored, list[int]]], shaped: dic
                            labels=tuple(o.labels[r] for o, (_, rows) in zip(outputs, picks) for r in rows),
                            components=Components(components, names))
     advantages = torch.cat([p.advantages[t] for (p, _), t in zip(picks, take)])
-    seqs, masked = scoring.mask(rollouts, trained_sequences(rollouts, advantages, PAD_ID).to(scoring.device))
+    seqs, masked = scoring.mask(rollouts, rewards, trained_sequences(rollouts, advantages, PAD_ID).to(scoring.device))
     return Scored(rewards, advantages, seqs=seqs, policy_pass=None, rollouts=rollouts, stats=shaped | masked | stats)
+
+
+def _left_out(rewards: RewardOutput) -> torch.Tensor:
+    """``[P, V]`` bool: the responses the reward leaves out of the loss (declared ``left_out``), else none."""
+    parts = rewards.components
+    if "left_out" in getattr(parts, "names", parts) and "left_out" in parts:
+        return parts["left_out"].bool()
+    return torch.zeros(rewards.rewards.shape, dtype=torch.bool)
 
 
 def _truncated(rollouts: RolloutBatch) -> torch.Tensor:

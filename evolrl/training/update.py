@@ -160,7 +160,7 @@ class GRPOUpdate:
             for i, (minibatch, rows) in enumerate(zip(plan, minis)):
                 # Fixed before the micro-batch loop: accumulation does not change the loss.
                 local = self.loss.aggregation.normalizer(seqs.response_mask[rows.start : rows.stop], max_new_tokens)
-                normalizer = all_reduce(local.float()) / world_size  # stays on the device: no wait
+                normalizer = (all_reduce(local.float()) / world_size).clamp(min=1e-30)  # none: a gated mini-batch
                 for j, micro in enumerate(minibatch):
                     last = j == len(minibatch) - 1
                     sync_gradients(policy, last or self.batching.reduce_every_pass, hold=hold and not last)
