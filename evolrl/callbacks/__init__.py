@@ -10,6 +10,15 @@ from evolrl.callbacks.progress_lines import LineProgress
 from evolrl.callbacks.run_summary import RunSummary
 from evolrl.callbacks.samples import SampleLogger
 
+
+
+def missing_defaults(present) -> list:
+    """evolrl's metric callbacks (``EvolRLModule.configure_callbacks``) of the kinds ``present`` lacks."""
+    have = {type(c) for c in present}
+    return [c for c in (LabelFreeDiagnostics(), PolicyStats(), PassAtK(), SampleLogger(), RunSummary())
+            if type(c) not in have]
+
+
 __all__ = [
     "CollapseMonitor",
     "EvalResponses",
@@ -23,4 +32,5 @@ __all__ = [
     "TrainView",
     "evolrl_eval_view",
     "evolrl_train_view",
+    "missing_defaults",
 ]

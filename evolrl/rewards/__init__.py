@@ -14,11 +14,13 @@ Naming rule: a module is named after the one public thing it defines (``voting.p
 * ``voting.py``: equivalence classes and the majority vote of one group;
 * ``novelty.py``: the novelty score and its bands as tensor math; ``embedders.py``: sentence embedders;
 * ``novelty_bands.py``: the configured novelty object (embedder, ``alpha``, ``novelty_text``);
-* ``evol_reward.py``, ``majority_vote_reward.py``, ``verifier_reward.py``: the rewards;
+* ``evol_reward.py``, ``majority_vote_reward.py``, ``verifier_reward.py``: the rewards; ``consensus_gate.py``: when a
+  majority may teach (:class:`ConsensusGate`, an option of the majority-vote family);
 * ``policy_signal.py``: what the policy says of each trained response (:class:`PolicySignal`) and the base of the
   rewards that read it (:class:`PolicyReward`);
 * the other label-free methods, one each: ``self_certainty_reward.py`` (Intuitor), ``token_entropy_reward.py``
-  (RENT), ``semantic_entropy_reward.py`` (EMPO).
+  (RENT), ``semantic_entropy_reward.py`` (EMPO), ``restrain_reward.py`` (RESTRAIN), ``co_rewarding_reward.py``
+  (Co-rewarding II, whose EMA teacher is ``evolrl/teacher.py``).
 """
 
 from evolrl.rewards.answer_rules import AnswerRules
@@ -33,6 +35,8 @@ from evolrl.rewards.answers import (
     read_answer,
 )
 from evolrl.rewards.base import Reward
+from evolrl.rewards.co_rewarding_reward import CoRewardingReward
+from evolrl.rewards.consensus_gate import ConsensusGate
 from evolrl.rewards.embedders import Embedder, EmbedderError, SentenceTransformerEmbedder
 from evolrl.rewards.equivalence import answers_equivalent, normalize_answer
 from evolrl.rewards.evol_reward import EvolReward
@@ -40,6 +44,7 @@ from evolrl.rewards.majority_vote_reward import MajorityVoteReward
 from evolrl.rewards.novelty import band_rewards, evol_rewards, evol_rewards_batched, novelty_values
 from evolrl.rewards.novelty_bands import NoveltyBands
 from evolrl.rewards.policy_signal import PolicyReward, PolicySignal
+from evolrl.rewards.restrain_reward import PromptWeights, RestrainReward
 from evolrl.rewards.self_certainty_reward import SelfCertaintyReward
 from evolrl.rewards.semantic_entropy_reward import SemanticEntropyReward
 from evolrl.rewards.token_entropy_reward import TokenEntropyReward
@@ -51,6 +56,8 @@ __all__ = [
     "AnswerRules",
     "AnswerSheet",
     "AnswerSpan",
+    "CoRewardingReward",
+    "ConsensusGate",
     "Embedder",
     "EmbedderError",
     "EvolReward",
@@ -58,7 +65,9 @@ __all__ = [
     "NoveltyBands",
     "PolicyReward",
     "PolicySignal",
+    "PromptWeights",
     "Reward",
+    "RestrainReward",
     "SelfCertaintyReward",
     "SemanticEntropyReward",
     "SentenceTransformerEmbedder",

@@ -10,7 +10,9 @@ config to plug in another one (rewards that read answers start from
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+
+from torch import Tensor
 
 from evolrl.types import RewardOutput, RolloutBatch
 
@@ -33,3 +35,9 @@ class Reward(ABC):
     @abstractmethod
     def __call__(self, batch: RolloutBatch) -> RewardOutput:
         """Rewards ``[P, V]`` and their components for ``batch``."""
+
+    def advantages(self, output: RewardOutput, trained: Tensor, advantages_of: Callable[[Tensor], Tensor]) -> Tensor:
+        """``[P, G]`` advantages of the trained responses (``trained``: their ``[P, G]`` indices into the V): by
+        default ``advantages_of`` (``model.advantages``) of their rewards, one GRPO group per prompt. A reward whose
+        objective is not that (RESTRAIN's weighted sum over pseudo-labels) overrides this."""
+        return advantages_of(output.rewards.gather(1, trained))

@@ -52,6 +52,15 @@ class Seeds:
         ``generate`` call and of its trained subset, hashed apart from every other stream's."""
         return _hashed(f"sampling:{self.seed}:{version}:{rank}:{round}"), _hashed(f"trained:{self.seed}:{version}:{round}")
 
+    def prompt_weights(self, call: int, rank: int) -> int:
+        """The ``call``-th ``generate`` call of the base model's consistency pass on ``rank`` (RESTRAIN)."""
+        return _hashed(f"prompt_weights:{self.seed}:{call}:{rank}")
+
+    def teacher(self, key: int, rank: int, round: int = 0) -> int:
+        """The EMA teacher's samples for the batch whose own seeds follow ``key`` (its version or index), on
+        ``rank``, in dynamic sampling's ``round``."""
+        return _hashed(f"teacher:{self.seed}:{key}:{rank}:{round}")
+
     def shuffle(self, epoch: int) -> int:
         """The order of the training prompts in ``epoch``."""
         return self.seed + epoch

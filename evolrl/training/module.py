@@ -1,7 +1,4 @@
-"""The LightningModule: one EVOL-RL / GRPO training step, top to bottom.
-
-Non-obvious decisions:
-
+"""The LightningModule: one EVOL-RL / GRPO training step, top to bottom. Its non-obvious decisions:
 * Manual optimization: one training step = one rollout batch, one optimizer step per mini-batch (one PPO epoch), in
   a :class:`~evolrl.training.update.GRPOUpdate` the module holds; a non-finite gradient norm skips the step, counted.
 * ``old_logprobs`` are recomputed with the policy before the update, not taken from the sampler (vLLM's kernels
@@ -26,10 +23,11 @@ import lightning as L
 import torch
 
 from evolrl.algorithms import GroupAdvantages, MismatchCorrection, Overlong
-from evolrl.callbacks import LabelFreeDiagnostics, PassAtK, PolicyStats, RunSummary, SampleLogger
+from evolrl.callbacks import missing_defaults
 from evolrl.logprobs import check, keep_freed_memory
 from evolrl.lora import LoRA, adapter_state, check_targets, with_base
 from evolrl.models import empty_policy, model_config
+from evolrl.reward_state import RewardState
 from evolrl.rewards import EvolReward, Reward
 from evolrl.settings import check_choice, require
 from evolrl.training.batching import Batching
@@ -104,6 +102,7 @@ class EvolRLModule(L.LightningModule):
         self.automatic_optimization = False
         self.model_name = model
         self.reward = reward if reward is not None else EvolReward()
+        self.reward_state = RewardState(self.reward)  # an EMA teacher, RESTRAIN's prompt weights
         self.advantages = advantages
         require(overlong is None or isinstance(overlong, Overlong), "EvolRLModule.overlong", overlong,
                 allowed="null, evolrl.algorithms.OverlongPenalty or evolrl.algorithms.OverlongMask")
@@ -137,8 +136,10 @@ class EvolRLModule(L.LightningModule):
         require(not precision.startswith("16"), "trainer.precision", precision,
                 allowed="bf16-mixed, bf16-true or 32 (float16 would need loss scaling, which the manual update "
                 "does not do)")
-        if stage == "fit" and self.cpu_keep_freed_memory and self.trainer.strategy.root_device.type == "cpu":
-            keep_freed_memory()
+        if stage == "fit":
+            self.reward_state.check(self.trainer.datamodule, self.trainer)
+            if self.cpu_keep_freed_memory and self.trainer.strategy.root_device.type == "cpu":
+                keep_freed_memory()
 
     def configure_model(self) -> None:
         if self.policy is not None:
@@ -154,15 +155,14 @@ class EvolRLModule(L.LightningModule):
         self.reference = Frozen(reference) if reference is not None else None
 
     def configure_optimizers(self):  # the trainable parameters: all, or the adapters of a LoRA run
-        optimizer, scheduler = build_optimizer([p for p in self.policy.parameters() if p.requires_grad],
-                                               self.optim_cfg)
+        optimizer, scheduler = build_optimizer([p for p in self.policy.parameters() if p.requires_grad], self.optim_cfg)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.lora is not None and self.device_mesh is None:  # adapters only; a sharded (FSDP2) one stays whole
             checkpoint["state_dict"] = adapter_state(checkpoint["state_dict"])
         skips = {"skipped_steps": self.update.skipped_steps, "skips_in_a_row": self.update.skips_in_a_row}
-        checkpoint["evolrl"] = {**skips, **self.flat_rewards.state_dict(),
+        checkpoint["evolrl"] = {**skips, **self.flat_rewards.state_dict(), **self.reward_state.state_dict(),
                                 "torch_rng_state": torch.get_rng_state()}  # dropout in the policy, if any
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -174,6 +174,7 @@ class EvolRLModule(L.LightningModule):
         self.update.skipped_steps = state["skipped_steps"]
         self.update.skips_in_a_row = state.get("skips_in_a_row", 0)
         self.flat_rewards.load_state_dict(state)
+        self.reward_state.load_state_dict(state)
         torch.set_rng_state(state["torch_rng_state"])
 
     def on_fit_start(self) -> None:
@@ -191,6 +192,8 @@ class EvolRLModule(L.LightningModule):
     def on_train_start(self) -> None:  # not at fit's start: a sharded checkpoint is restored after on_fit_start
         if self.sampler is not None:
             self.sampler.hand_weights(self.policy, new=False)
+        if self.trainer.training:  # the teacher from the policy, the prompt weights by the base model's pass
+            self.reward_state.start(self.policy, self.trainer.datamodule, self.trainer)
 
     on_validation_start = on_test_start = on_train_start
 
@@ -199,9 +202,10 @@ class EvolRLModule(L.LightningModule):
         t0, step, sampler = time.perf_counter(), self.trainer.global_step, self.sampler
         rollouts = fresh(sampler.next_rollouts(batch) if sampler else batch, step, getattr(sampler, "max_staleness", 0))
         t1 = time.perf_counter()
+        teacher, taught = self.reward_state.before_step(self.policy, self.trainer, step)
         scoring = Scoring(self.reward, self.advantages, self.overlong, self.device,
                           policy_pass=lambda seqs, temperature: self.update.policy_pass(self.policy, seqs, temperature),
-                          vocabulary=self.policy.get_output_embeddings().weight.shape[0], step=step)
+                          vocabulary=self.policy.get_output_embeddings().weight.shape[0], step=step, teacher=teacher)
         # rewards [P, V], trained [P, G]; with dynamic sampling, the groups kept over the step's rounds
         scored = score_rounds(scoring, rollouts, None if isinstance(batch, RolloutBatch) else batch,
                               partial(fewest, self.trainer.strategy, self.device))
@@ -216,14 +220,14 @@ class EvolRLModule(L.LightningModule):
                             policy_pass=scored.policy_pass, max_new_tokens=rollouts.max_new_tokens)
         t3 = time.perf_counter()
         sync = sampler.hand_weights(self.policy) if sampler else 0.0  # the next step samples with these weights
-        stats |= scored.stats | {
+        stats |= scored.stats | taught | {
             "advantage_abs": scored.advantages.abs().mean().item(),
             "lr": self.optimizers().param_groups[0]["lr"],
             "skipped_steps": float(self.update.skipped_steps),
             "lag": lag(rollouts, step),  # versions behind the policy it trains
         }
         timing = {"step": t3 - t0, "sample": t1 - t0, "reward": t2 - t1, "update": t3 - t2, "sync": sync,
-                  **(sampler.timings() if hasattr(sampler, "timings") else {})}
+                  **(sampler.timings() if hasattr(sampler, "timings") else {}), **self.reward_state.timings()}
         # Entropy, lengths and the label-free diagnostics: the callbacks (evolrl.callbacks) read the output.
         logged = {k if k.startswith("mismatch/") else f"train/{k}": v for k, v in stats.items() if k != "entropy"}
         self.log_dict(logged, on_step=True, batch_size=len(seqs))
@@ -242,7 +246,5 @@ class EvolRLModule(L.LightningModule):
 
     def configure_callbacks(self):
         """evolrl's metric callbacks, unless the trainer was given its own of the same kind."""
-        have = {type(c) for c in self.trainer.callbacks}
-        defaults = [LabelFreeDiagnostics(), PolicyStats(), PassAtK(), SampleLogger(), RunSummary()]
-        return [c for c in defaults if type(c) not in have]
+        return missing_defaults(self.trainer.callbacks)
 

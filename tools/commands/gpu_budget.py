@@ -5,6 +5,7 @@
     python -m tools.commands.gpu_budget --gpus 1 --no-vllm --no-embedder --sgd   # the trainer alone (one H100)
     python -m tools.commands.gpu_budget --gpus 1 --lora-rank 32 --sleep --shape 8b   # configs/paper/lora.yaml
     python -m tools.commands.gpu_budget --gpus 1 --no-vllm --checkpoint-every 3   # model.gradient_checkpointing: 3
+    python -m tools.commands.gpu_budget --gpus 1 --shape 1.7b --teacher   # Co-rewarding II's EMA teacher, counted
 
 Every figure is an *estimate* from the model's shape and the run's settings (formulas below, next to
 each line). One line is fitted to GPU measurements instead: on one H100 80 GB the update's peak exceeded the
@@ -133,10 +134,12 @@ def budget(m: Shape, gpus: int, gpu_gib: float, vllm_fraction: float, samples: i
            micro: int | None, max_tokens: int, embed_batch: int,
            chunk: int = 1024, adamw: bool = True,
            reduce_every_pass: bool = False, lora_rank: int = 0,
-           checkpoint_every: int = 1, reshard: bool = False) -> list[tuple[str, str, float, float]]:
+           checkpoint_every: int = 1, reshard: bool = False, teacher: bool = False
+           ) -> list[tuple[str, str, float, float]]:
     """``(component, formula, GiB while sampling, GiB during the update)`` rows, without sleep mode;
     ``checkpoint_every`` is ``model.gradient_checkpointing`` (every n-th layer; 0: none), ``reshard``
-    ``model.batching.reshard_after_forward: true`` (one GPU)."""
+    ``model.batching.reshard_after_forward: true`` (one GPU); ``teacher``: Co-rewarding II's EMA teacher, an
+    average of the trainable tensors held whole on every rank (``evolrl/teacher.py``; such runs do not shard)."""
     tokens = prompt + new
     shard = m.params / gpus
     block = (m.params - m.vocab * m.hidden) / m.layers
@@ -176,6 +179,10 @@ def budget(m: Shape, gpus: int, gpu_gib: float, vllm_fraction: float, samples: i
             ("adapter gradients (fp32)", f"{lora / 1e6:.0f}M x 4 B", 0.0, lora * 4 / GIB),
             ("AdamW moments (fp32)", f"2 x {lora / 1e6:.0f}M x 4 B", lora * 8 * adamw / GIB, lora * 8 * adamw / GIB),
         ]
+    if teacher:
+        count, what = (m.lora_params(lora_rank), f"{m.lora_params(lora_rank) / 1e6:.0f}M adapters") if lora_rank else (
+            m.params, "params")
+        rows.append(("EMA teacher (fp32, whole on each rank)", f"{what} x 4 B", count * 4 / GIB, count * 4 / GIB))
     rows.append(("not itemized (fitted to H100 measurements)", "params x 2 B", 0.0, m.params * 2 / GIB))
     if micro:  # the model's logits, [micro, new, vocab], and their gradient
         rows.append(("logits + their gradient (bf16) + fp32 chunk",
@@ -222,6 +229,7 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
                         help="model.gradient_checkpointing: every N-th layer checkpointed (1: every layer, the paper "
                         "configs; 0: none)")
+    parser.add_argument("--teacher", action="store_true", help="Co-rewarding II's EMA teacher (CoRewardingReward)")
     parser.add_argument("--sleep", action="store_true", help="judge the fit with sleep level 2 (the paper configs)")
     parser.add_argument("--sleep-residual-gib", type=float, default=1.0,
                         help="what a sleeping engine keeps on the GPU (CUDA context, buffers; an assumption)")
@@ -231,7 +239,7 @@ def main() -> None:
                   prompt=args.prompt, new=args.new, micro=args.micro, max_tokens=args.max_tokens,
                   embed_batch=args.embed_batch, adamw=not args.sgd,
                   reduce_every_pass=args.reduce_every_pass, lora_rank=args.lora_rank,
-                  checkpoint_every=args.checkpoint_every, reshard=args.reshard_after_forward)
+                  checkpoint_every=args.checkpoint_every, reshard=args.reshard_after_forward, teacher=args.teacher)
     dropped = {0} if args.no_vllm else set()
     dropped |= {1, 2} if args.no_embedder else set()
     rows = [(name, formula, 0.0, 0.0) if i in dropped else (name, formula, a, b)
