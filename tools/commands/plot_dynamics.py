@@ -11,8 +11,8 @@ minimum to their maximum at each step (the legend says how many seeds).
         --labels EVOL-RL EVOL-RL EVOL-RL TTRL TTRL TTRL --pass-k 16 --out study.png
 
 ``--table TAG ...`` prints, instead of a figure, a markdown table of those curves per run: every value of a curve of
-at most five points (held-out evaluations), else its mean and median over the steps (``time/step``, a step's
-``train/dynamic_sampling/kept_groups``).
+at most five points (held-out evaluations), else its first and last value, mean and median over the steps
+(``train/entropy``, ``time/step``, a step's ``train/dynamic_sampling/kept_groups``).
 """
 
 from __future__ import annotations
@@ -120,7 +120,8 @@ def table(run_dirs: list[Path], labels: list[str], tags: list[str]) -> str:
         values = [v for _, v in points]
         if len(values) <= 5:
             return ", ".join(f"{v:.3g}" for v in values)
-        return f"mean {statistics.fmean(values):.3g}, median {statistics.median(values):.3g} ({len(values)} steps)"
+        return (f"{values[0]:.3g} -> {values[-1]:.3g}; mean {statistics.fmean(values):.3g}, "
+                f"median {statistics.median(values):.3g} ({len(values)} steps)")
 
     rows = [f"| run | {' | '.join(tags)} |", "|---" * (len(tags) + 1) + "|"]
     for run, label in zip(run_dirs, labels):
