@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from evolrl.data.consistency import measure_shares
+from evolrl.rewards.base import Reward
 from evolrl.settings import require
 from evolrl.teacher import EMATeacher, decay_at, teacher_sampler
 from evolrl.types import RolloutBatch
@@ -32,6 +33,11 @@ class RewardState:
     def check(self, data: Any, trainer: Any) -> None:
         """SettingError for what the teacher or the prompt weights' pass cannot run with."""
         name = type(self.reward).__name__
+        overlong = getattr(trainer.lightning_module, "overlong", None)
+        if overlong is not None and not overlong.masks():
+            require(type(self.reward).advantages is Reward.advantages, "model.overlong", type(overlong).__name__,
+                    allowed=f"null or evolrl.algorithms.OverlongMask with {name}, whose advantages are not its "
+                    "rewards' (a penalty on the rewards would not reach them)")
         for needed, what in ((self.teaches, "its EMA teacher samples"),
                              (self.weighs, "its prompt weights are measured (PromptWeights)")):
             if not needed:

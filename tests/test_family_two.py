@@ -362,3 +362,9 @@ def test_a_killed_prompt_weight_pass_continues_where_its_file_ends(tmp_path, tin
     assert calls == [3]  # the three prompts after the first whole line
     assert len(cut.read_text().splitlines()) == 4 and read_shares(cut, 3).keys() == whole.keys()
     assert set(resumed) == set(whole) and resumed[lines[0].split('"')[3]] == whole[lines[0].split('"')[3]]
+
+
+def test_an_overlong_penalty_with_restrain_s_own_advantages_is_refused_at_start(tmp_path, tiny_model):
+    with pytest.raises(SettingError, match="model.overlong='OverlongPenalty' is not allowed: null or "
+                                          "evolrl.algorithms.OverlongMask with RestrainReward"):
+        main([*overlay_run(tmp_path, tiny_model, "restrain"), "--model.overlong", "evolrl.algorithms.OverlongPenalty"])
