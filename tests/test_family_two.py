@@ -236,9 +236,11 @@ def test_a_two_step_cli_run_through_each_overlay(tmp_path, tiny_model, method, c
         assert len(logged["train/gated_groups"]) == 2
     if method == "co_rewarding":
         assert logged["train/teacher_decay"][0] == pytest.approx(0.99) and len(logged["time/teacher"]) == 2
+        assert 0 <= logged["train/teacher_share_mean"][0] <= 1
     if method == "restrain":
         shares = read_shares(tmp_path / FILE, 8)
         assert len(shares) == 8  # every training prompt of the tiny config
+        assert {"train/penalized_groups", "train/prompt_weight_mean"} <= logged.keys()
 
 
 @pytest.mark.parametrize(("setting", "named"), [

@@ -18,7 +18,8 @@ from evolrl.types import RewardOutput
 
 ZERO_VARIANCE_ATOL = 1e-8
 
-READS = ("valid", "majority", "answer_class", "trailing", "novelty", "gated")
+READS = ("valid", "majority", "answer_class", "trailing", "novelty", "gated", "penalized", "label_weight", "prompt_weight",
+         "teacher_share")
 """The components the diagnostics read, from whichever reward declares them (the answer-reading rewards all declare
 the first four)."""
 
@@ -62,6 +63,13 @@ def label_free_diagnostics(
         stats["novelty_mean"] = novelty[torch.isfinite(novelty)].mean().item()
     if "gated" in parts:  # a consensus gate's groups without a label
         stats["gated_groups"] = parts["gated"].any(dim=1).float().mean().item()
+    if "penalized" in parts:  # RESTRAIN's groups under min_majority
+        stats["penalized_groups"] = parts["penalized"].any(dim=1).float().mean().item()
+    for name in ("prompt_weight", "teacher_share"):  # per prompt (RESTRAIN's u, Co-rewarding's teacher vote)
+        if name in parts:
+            stats[f"{name}_mean"] = parts[name][:, 0].float().mean().item()
+    if "label_weight" in parts and "answer_class" in parts and (parts["answer_class"] >= 0).any():
+        stats["label_weight_mean"] = parts["label_weight"][parts["answer_class"] >= 0].float().mean().item()
     if truncated is not None:
         stats["truncation_rate"] = truncated.float().mean().item()
     known = [p for p, t in enumerate(truths or ()) if t is not None]
