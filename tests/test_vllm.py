@@ -21,12 +21,15 @@ from helpers import ends_at_its_stop_string, scalars, tiny_config
 
 from evolrl.algorithms import MismatchCorrection, SequenceMask, TokenTruncate
 from evolrl.data.chat import render_prompt
+from evolrl.logprobs.from_logits import logprobs_and_entropy
 from evolrl.logprobs.sequences import trained_sequences
 from evolrl.models import load_policy, load_tokenizer
-from evolrl.rollout import Sampling, VLLMEngine
+from evolrl.rollout import Rollouts, Sampling, VLLMEngine
 from evolrl.rollout.check import sampler_logprob_gap
+from evolrl.rollout.seeds import Seeds
+from evolrl.teacher import EMATeacher, teacher_sampler
 from evolrl.training import Batching, GRPOLoss, GRPOUpdate
-from evolrl.types import Prompt, RolloutBatch
+from evolrl.types import Prompt, ResponseGroup, RolloutBatch
 
 pytestmark = pytest.mark.vllm
 
@@ -395,3 +398,38 @@ def test_vllm_in_a_sampler_process_takes_the_weights_over_gloo(tmp_path, tiny_mo
     if k == 0:
         assert max(logged["mismatch/gap_max"]) < TOLERANCE
     assert len(logged["time/sampler_idle"]) == 3
+
+
+def test_the_ema_teacher_samples_through_the_engine_which_then_holds_the_policy_again(tiny_model):
+    """Co-rewarding II's teacher (evolrl/teacher.py): its samples are scored by the teacher's weights, not the
+    policy's, and the engine gets the policy's weights back at the same version."""
+    tokenizer, policy, engine = load_tokenizer(tiny_model), load_policy(tiny_model).to(DEVICE), new_engine(tiny_model)
+    sampling = Sampling(max_new_tokens=8)
+    rollouts = Rollouts(engine, sampling, sampling, prompts_per_step=2, vote_samples=2, trained_samples=2,
+                        eval_samples=1, eval_prompts_per_batch=1, seeds=Seeds(0))
+    teacher = EMATeacher(policy)  # the initial weights; then the policy moves away from them
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    engine.load_weights(policy)
+    version = engine.version
+    prompts = [Prompt("a", "What is 3 + 4?"), Prompt("b", "What is 1 + 2?")]
+    ids = [render_prompt(tokenizer, p.question, None) for p in prompts]
+    batch = RolloutBatch(tuple(ResponseGroup(p, ("x",), prompt_ids=tuple(i)) for p, i in zip(prompts, ids)))
+    taught = teacher_sampler(teacher, policy, rollouts, samples=3, step=0)(batch)
+
+    def gap(model) -> float:  # the largest |reported log-prob - model's log-prob| over the teacher's tokens
+        gaps = []
+        for group in taught.groups:
+            for response, reported in zip(group.response_ids, group.sampler_logprobs):
+                tokens = torch.tensor([list(group.prompt_ids) + list(response)], device=DEVICE)
+                logp, _ = logprobs_and_entropy(model(input_ids=tokens).logits[:, :-1], tokens[:, 1:], 1.0)
+                gaps.append((logp[0, len(group.prompt_ids) - 1 :].cpu() - torch.tensor(reported)).abs().max().item())
+        return max(gaps)
+
+    with torch.no_grad():
+        with teacher.swapped_into(policy):
+            assert gap(policy) < TOLERANCE
+        assert gap(policy) > 100 * TOLERANCE
+    assert engine.version == version and [len(g.texts) for g in taught.groups] == [3, 3]
+    assert max_logprob_gap(engine, policy, prompts, ids) < TOLERANCE
