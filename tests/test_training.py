@@ -41,7 +41,9 @@ def paper_runs():
     [str(CONFIGS / "demo.yaml"), str(CONFIGS / "eval_demo.yaml")],
     [str(CONFIGS / "demo.yaml"), str(CONFIGS / "demo_ttrl.yaml")],
     *([str(CONFIGS / "demo.yaml"), str(CONFIGS / f"demo_{m}.yaml")]
-      for m in ("self_certainty", "token_entropy", "semantic_entropy")),
+      for m in ("self_certainty", "token_entropy", "semantic_entropy", "restrain", "co_rewarding")),
+    *([str(CONFIGS / "demo.yaml"), str(CONFIGS / "demo_ttrl.yaml"), str(CONFIGS / f"demo_ttrl_{g}.yaml")]
+      for g in ("gated", "scrl")),
     [str(CONFIGS / "demo.yaml"), str(CONFIGS / "study.yaml")],
     [str(CONFIGS / "demo.yaml"), str(CONFIGS / "study.yaml"), str(CONFIGS / "demo_ttrl.yaml")],
     [str(CONFIGS / "demo_lora.yaml")],

@@ -1,5 +1,6 @@
 """Prompts in, rollout groups out."""
 
+from evolrl.data.benchmarks import Benchmark
 from evolrl.data.chat import PAPER_SYSTEM_PROMPT, Example, render_prompt
 from evolrl.data.datamodule import RolloutDataModule
 from evolrl.data.eval_set import EvalSet
@@ -11,6 +12,7 @@ from evolrl.data.word_problems import WordProblems
 __all__ = [
     "PAPER_SYSTEM_PROMPT",
     "AdditionPrompts",
+    "Benchmark",
     "DataError",
     "EvalSet",
     "Example",
