@@ -18,7 +18,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from evolrl.rewards.answer_rules import AnswerRules
-from evolrl.rewards.voting import group_answers
+from evolrl.rewards.voting import class_counts, group_answers
 
 FILE = "restrain_prompt_weights.jsonl"
 
@@ -27,8 +27,7 @@ def majority_share(texts: list[str], rules: AnswerRules) -> float:
     """The largest equivalence class of the valid answers in ``texts``, as a share of all of them."""
     answers = [(s.answer if (s := rules.read(t)) is not None else None) for t in texts]
     classes = group_answers([a if rules.valid(a) else None for a in answers])
-    counts = [classes.count(c) for c in set(classes) - {None}]
-    return max(counts, default=0) / len(texts)
+    return max(class_counts(classes).values(), default=0) / len(texts)
 
 
 def read_shares(path: Path, samples: int) -> dict[str, float]:

@@ -17,6 +17,7 @@ from types import MappingProxyType
 import torch
 from torch import Tensor
 
+from evolrl.rewards.voting import class_counts
 from evolrl.settings import check_choice, check_float, require
 
 MODES = ("mask", "negative")
@@ -93,7 +94,7 @@ def _top_two_shares(answer_class: Tensor) -> tuple[Tensor, Tensor]:
     """``[P]`` shares of the largest and second-largest answer class in each group, over all V responses."""
     tops, seconds = [], []
     for row in answer_class.tolist():
-        counts = sorted((row.count(c) for c in set(row) - {-1}), reverse=True) + [0, 0]
+        counts = sorted(class_counts(row).values(), reverse=True) + [0, 0]
         tops.append(counts[0] / len(row))
         seconds.append(counts[1] / len(row))
     return torch.tensor(tops), torch.tensor(seconds)

@@ -29,6 +29,7 @@ from evolrl.rewards.answer_rules import EVERY_ANSWER, AnswerRules
 from evolrl.rewards.answer_sheet import AnswerSheet
 from evolrl.rewards.consensus_gate import ConsensusGate
 from evolrl.rewards.majority_vote_reward import MajorityVoteReward
+from evolrl.rewards.voting import class_counts, majority_class
 from evolrl.settings import check_float, check_int, require
 from evolrl.types import RewardOutput, RolloutBatch
 
@@ -109,11 +110,11 @@ class RestrainReward(MajorityVoteReward):
 
     def label_weights(self, classes: list[int]) -> dict[int, float]:
         """Class -> ``w``, for one group's answer classes over its V responses (-1: no answer)."""
-        counts = {c: classes.count(c) for c in dict.fromkeys(classes) if c != -1}
+        counts = class_counts(classes)
         if not counts:
             return {}
         if not self.label_weighting:  # the majority alone; ties to the first seen, as the vote
-            return {max(counts, key=lambda c: (counts[c], -c)): 1.0}
+            return {majority_class(classes): 1.0}
         g = {c: float(self.g(n / len(classes))) for c, n in counts.items()}
         total = sum(g.values())
         return {c: v / total for c, v in g.items()}
@@ -122,7 +123,7 @@ class RestrainReward(MajorityVoteReward):
         classes = sheet.answer_class.tolist()
         weights = [self.label_weights(row) for row in classes]
         weight = torch.tensor([[w.get(c, 0.0) for c in row] for row, w in zip(classes, weights)])
-        majority = torch.tensor([max((row.count(c) for c in set(row) - {-1}), default=0) for row in classes])
+        majority = torch.tensor([max(class_counts(row).values(), default=0) for row in classes])
         penalized = (majority < self.min_majority if self.negative_penalty else torch.zeros_like(majority, dtype=bool))
         if self.prompt_weights is not None:
             missing = [g.prompt.id for g in batch.groups if g.prompt.id not in self.weights]

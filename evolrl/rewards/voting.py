@@ -34,12 +34,19 @@ def group_answers(answers: Sequence[str | None]) -> list[int | None]:
     return classes
 
 
-def majority_class(classes: Sequence[int | None]) -> int | None:
-    """The winning class of :func:`group_answers` output: most members, ties to the first seen."""
+def class_counts(classes: Sequence[int | None]) -> dict[int, int]:
+    """Members per class of :func:`group_answers` output (or of an ``answer_class`` row, where -1 is no answer), in
+    order of first appearance."""
     counts: dict[int, int] = {}
     for c in classes:
-        if c is not None:
+        if c is not None and c >= 0:
             counts[c] = counts.get(c, 0) + 1
+    return counts
+
+
+def majority_class(classes: Sequence[int | None]) -> int | None:
+    """The winning class of :func:`group_answers` output: most members, ties to the first seen."""
+    counts = class_counts(classes)
     return max(counts, key=lambda c: (counts[c], -c)) if counts else None
 
 
