@@ -1,7 +1,7 @@
 """bf16 on a CPU only where the CPU computes it: elsewhere a CPU run falls back to float32 (the CLI's ``cpu_bf16``).
 
 oneDNN runs bf16 matmuls on the CPU's own instructions where it has AVX-512 or AMX. On a CPU with AVX2 alone, torch's
-bf16 matmul is emulated: ``tools.bench.cpu_matmul`` measured 0.3 GFLOP/s in bf16 against 97-112 in float32 on a
+bf16 matmul is emulated: a matmul benchmark measured 0.3 GFLOP/s in bf16 against 97-112 in float32 on a
 2-core AVX2 EPYC (two runs), and one update of the study's smoke run took 600 s there in bf16. ``cpu_bf16: auto``
 (the default) keeps a config's bf16 where the CPU computes it and runs float32 elsewhere, saying so at start;
 ``keep`` always runs what the config says.

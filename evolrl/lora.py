@@ -11,7 +11,7 @@ Decisions:
   weights.
 * The rollout engine gets merged weights, ``W + scaling * B @ A`` per adapted layer, computed one tensor at a time for
   the push (:func:`merged_tensors`): the engine needs no LoRA support of its own and samples at the base model's
-  speed (vLLM's own LoRA path took 5.8x the push and sampling on a CPU: ``tools/bench/lora_sampling.py``), and the
+  speed (vLLM's own LoRA path took 5.8x the push and sampling on a CPU: docs/demo.md), and the
   trainer's copy is never merged, so training goes on with the adapters.
 * Checkpoints hold the adapters and their optimizer state, not the base, which the model string names
   (``EvolRLModule.on_save_checkpoint``).

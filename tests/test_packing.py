@@ -71,7 +71,7 @@ def test_the_gpu_backend_order_is_set_inside_and_restored_after(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_sequencewise_attention_on_a_gpu_runs_flash_not_cudnn(tiny_model):
     """A packed bf16 row runs flash attention, forward and backward, not cuDNN's, which torch's own order picks on a
-    Hopper card and which builds a plan for every new length (tools.bench.bench_sdpa on an H200: 16 sequences of new
+    Hopper card and which builds a plan for every new length (docs/performance.md, on an H200: 16 sequences of new
     lengths, 1.8 s under cuDNN, 0.013 s under flash): through the varlen op where torch has it, else through the
     per-sequence sdpa calls under ``GPU_BACKENDS``."""
     from torch.autograd import DeviceType

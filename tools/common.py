@@ -1,12 +1,11 @@
-"""What the tools share: the repository root, this process's memory as Linux reports it, the times of repeated
-calls, this machine's matmul rate, a free port for a process group, the report of a failed child process."""
+"""What the tools share: the repository root, this process's memory as Linux reports it, this machine's matmul
+rate, a free port for a process group, the report of a failed child process."""
 
 from __future__ import annotations
 
 import re
 import socket
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,24 +35,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def call_times(fn: Callable[[], object], repeats: int, warmup: int = 0) -> list[float]:
-    """Wall-clock seconds of ``repeats`` calls of ``fn``, after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
-
-
 def matmul_peak(dtype: str, size: int, repeats: int) -> float:
     """FLOP/s of the fastest of ``repeats`` ``size``-square matmuls."""
     import torch
 
     a, b = (torch.randn(size, size).to(getattr(torch, dtype)) for _ in range(2))
-    return 2 * size**3 / min(call_times(lambda: torch.matmul(a, b), repeats, warmup=1))
+    torch.matmul(a, b)  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / min(times)
 
 
 EXCEPTION = re.compile(r"^(\[rank\d+\]:\s*)?([\w.]+(Error|Exception|Interrupt)\b.*)")

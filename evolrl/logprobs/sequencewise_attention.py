@@ -35,7 +35,8 @@ GPU_BACKENDS: list[SDPBackend] | None = [SDPBackend.FLASH_ATTENTION, SDPBackend.
                                          SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
 """The sdpa backends a packed row's per-sequence calls try on a GPU, in this order (``None``: torch's own order).
 Flash first: torch's order can pick cuDNN's attention, which builds an execution plan for every new sequence length,
-and a training step brings new lengths to every call (``tools.bench.bench_sdpa`` times each backend on fresh lengths).
+and a training step brings new lengths to every call (docs/performance.md: 16 fresh lengths on an H200 took 1.8 s
+under cuDNN, 0.013 s under flash).
 cuDNN's stays ahead of math for a call flash cannot take (math holds the whole score matrix); a torch that cannot order
 backends (before 2.6) gets the list without cuDNN's, so that it cannot come first."""
 ORDERED = "set_priority" in inspect.signature(sdpa_kernel).parameters

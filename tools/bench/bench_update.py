@@ -50,8 +50,8 @@ trainer``, ``evolrl/logprobs/allocator.py``: freed buffers kept for reuse) or gl
 default``). Peak memory, from the other process: VmHWM during that update (reset just before it through
 /proc/self/clear_refs), after a warm-up update on two short sequences (prompt + 16 tokens: AdamW state allocated),
 as is ("abs") and minus the resident set just before it ("update"), with
-MALLOC_MMAP_THRESHOLD_=1MiB so that freed tensors leave the resident set and the peak is that of live tensors
-(tools/bench/bench_logprobs.py), for the first draw; passes and padding are the first draw's too. Padding: pad tokens /
+MALLOC_MMAP_THRESHOLD_=1MiB so that freed tensors leave the resident set and the peak is that of live tensors,
+for the first draw; passes and padding are the first draw's too. Padding: pad tokens /
 tokens the plan's passes compute. Tokens/s: real (prompt + response) tokens / update time.
 
 FLOPs are model FLOPs (MFU): gradient-checkpointing recomputation and padding are not counted. A sequence of s tokens
