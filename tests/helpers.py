@@ -15,6 +15,7 @@ from __future__ import annotations
 import glob
 import os
 import socket
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
@@ -30,10 +31,12 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
 
 from evolrl.callbacks import EvalView, TrainView
 from evolrl.data import AdditionPrompts, RolloutDataModule
+from evolrl.logprobs.from_logits import logprobs_and_entropy
 from evolrl.logprobs.sequences import Sequences
 from evolrl.models import load_policy, load_tokenizer
-from evolrl.rewards import MajorityVoteReward
+from evolrl.rewards import MajorityVoteReward, group_answers, majority_class
 from evolrl.rollout import HFEngine, Sampling
+from evolrl.rollout.engine import RolloutEngine
 from evolrl.training import Batching, EvolRLModule, GRPOLoss, GRPOUpdate
 from evolrl.types import Prompt, ResponseGroup, RewardOutput, RolloutBatch
 
@@ -417,3 +420,41 @@ class SignalSampler(L.Callback):
     def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
         if trainer.global_step == self.step and trainer.global_rank == self.rank:
             os.kill(trainer.datamodule.supply.remote.process.pid, self.signum)
+
+
+@torch.no_grad()
+def sampler_logprob_gap(engine: RolloutEngine, policy: torch.nn.Module, prompts: Sequence[Prompt],
+                        prompt_ids: Sequence[Sequence[int]], sampling: Sampling, n: int = 4, seed: int = 1) -> float:
+    """Does an engine sample from the policy it was handed? The largest |log-prob the engine reports for a token it
+    samples now - the policy's log-prob of it|.
+
+    About 1e-6 when the engine holds the policy's current weights (float32 on both sides); a stale
+    or wrongly loaded engine is off by orders of magnitude more. ``n`` responses per prompt, seeded with
+    ``seed``. The policy's side is scored as the trainer scores it, under ``softmax(logits / temperature)``;
+    without top-p/top-k, since an engine renormalizes its log-probs over the tokens those keep.
+    """
+    if sampling.top_p != 1.0 or sampling.top_k != -1:
+        raise ValueError(f"sampler_logprob_gap compares untruncated distributions: top_p 1 and top_k -1, got "
+                         f"top_p {sampling.top_p}, top_k {sampling.top_k}")
+    device = next(policy.parameters()).device
+    gaps = []
+    for group in engine.generate(prompts, prompt_ids, sampling=sampling, n=n, seed=seed):
+        if not group.sampler_logprobs:
+            raise ValueError(f"{type(engine).__name__} does not report the log-probs of the tokens it samples")
+        for response, reported in zip(group.response_ids, group.sampler_logprobs):
+            tokens = torch.tensor([list(group.prompt_ids) + list(response)], device=device)
+            logits = policy(input_ids=tokens).logits[:, :-1]
+            logp, _ = logprobs_and_entropy(logits, tokens[:, 1:], sampling.temperature)
+            mine = logp[0, len(group.prompt_ids) - 1 :].cpu()
+            gaps.append((mine - torch.tensor(reported)).abs().max().item())
+    return max(gaps)
+
+
+def majority_vote(answers: Sequence[str | None]) -> tuple[str | None, list[bool]]:
+    """``(label, is_majority)`` as the rewards vote (``group_answers`` + ``majority_class``): the winning answer as
+    first written and, per answer, whether it agrees; ``(None, all False)`` when no answer is present."""
+    classes = group_answers(answers)
+    winner = majority_class(classes)
+    if winner is None:
+        return None, [False] * len(answers)
+    return answers[classes.index(winner)], [c == winner for c in classes]

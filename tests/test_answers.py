@@ -1,7 +1,24 @@
 import pytest
 
-from evolrl.rewards import extract_answer, extract_choice, final_part, is_valid_response
-from evolrl.rewards.answers import has_trailing_text, read_answer
+from evolrl.rewards import AnswerRules, extract_choice, final_part
+from evolrl.rewards.answers import has_trailing_text
+
+
+def read_answer(text, **rules):
+    """Where ``AnswerRules(**rules)`` reads the answer of ``text`` (``None``: no answer)."""
+    return AnswerRules(**rules).read(text)
+
+
+def extract_answer(text, **rules):
+    """The answer ``AnswerRules(**rules)`` reads in ``text``, or ``None``."""
+    span = read_answer(text, **rules)
+    return None if span is None else span.answer
+
+
+def is_valid_response(text, rule, number_fallback):
+    """Whether ``text`` counts for the vote under ``AnswerRules(valid_rule=rule, number_fallback=...)``."""
+    rules = AnswerRules(valid_rule=rule, number_fallback=number_fallback)
+    return rules.valid(extract_answer(text, number_fallback=number_fallback))
 
 
 @pytest.mark.parametrize(
@@ -59,8 +76,8 @@ def test_is_valid_response(text, rule, fallback, valid):
 
 
 def test_unknown_validity_rule_is_a_clear_error():
-    with pytest.raises(ValueError, match="digit, nonempty, any"):
-        is_valid_response(r"\boxed{1}", rule="numeric")
+    with pytest.raises(ValueError, match="valid_rule='numeric'.*'digit', 'nonempty', 'any'"):
+        is_valid_response(r"\boxed{1}", rule="numeric", number_fallback=False)
 
 
 @pytest.mark.parametrize(
@@ -129,7 +146,7 @@ def test_first_result_reads_the_first_equations_result(text, last, first):
 
 
 def test_unknown_fallback_rule_is_a_clear_error():
-    with pytest.raises(ValueError, match="last_number, first_result"):
+    with pytest.raises(ValueError, match="fallback_rule='first'.*'last_number', 'first_result'"):
         extract_answer("1 + 1 = 2", fallback_rule="first")
 
 

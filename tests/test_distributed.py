@@ -29,11 +29,11 @@ def test_each_rank_gets_disjoint_whole_batches():
     assert batches[0][0] == single[0] and batches[1][0] == single[1]  # the same shuffled order, dealt out
 
 
-def fsdp_check(out: Path, model: str, *args: str) -> list[dict]:
-    """Run ``python -m tools.bench.fsdp_check``; the per-rank reports."""
+def fsdp_ranks(out: Path, model: str, *args: str) -> list[dict]:
+    """Run ``tests/fsdp_ranks.py``; the per-rank reports."""
     launcher = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK")
     env = {**{k: v for k, v in os.environ.items() if k not in launcher}, "HF_HUB_OFFLINE": "1"}  # a fresh group
-    result = subprocess.run([sys.executable, "-m", "tools.bench.fsdp_check", model, str(out), *args],
+    result = subprocess.run([sys.executable, "tests/fsdp_ranks.py", model, str(out), *args],
                             check=False, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     return [json.loads(path.read_text()) for path in sorted(out.glob("rank*.json"))]
@@ -43,7 +43,7 @@ def fsdp_check(out: Path, model: str, *args: str) -> list[dict]:
 def two_ranks(tmp_path_factory, tiny_model):
     """3 steps on 2 FSDP ranks, a sharded checkpoint after each, then an evaluation: (output dir, reports)."""
     out = tmp_path_factory.mktemp("fsdp")
-    return out, fsdp_check(out, tiny_model, "--checkpoints")
+    return out, fsdp_ranks(out, tiny_model, "--checkpoints")
 
 
 def test_fsdp_on_two_processes_ends_with_identical_full_weights_in_the_engine(two_ranks):
@@ -59,11 +59,11 @@ def test_fsdp_on_two_processes_ends_with_identical_full_weights_in_the_engine(tw
 
 
 def weights_digest(model_dir: str, dtype: torch.dtype = torch.float32, linear_only: bool = False) -> str:
-    """Digest (fsdp_check's) of the model's weights as loaded whole, in ``dtype`` (``linear_only``: only the linear
+    """Digest (fsdp_ranks') of the model's weights as loaded whole, in ``dtype`` (``linear_only``: only the linear
     weights, as the KL reference stores them: ``build.parameters_in``), read back in float32."""
     from evolrl.models import load_policy
     from evolrl.training.build import parameters_in
-    from tools.bench.fsdp_check import digest
+    from fsdp_ranks import digest
 
     model = parameters_in(load_policy(model_dir), str(dtype).removeprefix("torch."), linear_only=linear_only)
     return digest({k: v.float() for k, v in model.state_dict().items()})
@@ -83,7 +83,7 @@ def bf16_runs(tmp_path_factory, tiny_model):
     runs = {}
     for devices, per_step in ((2, 1), (1, 2)):
         out = tmp_path_factory.mktemp(f"bf16-devices{devices}")
-        reports = fsdp_check(out, tiny_model, "--scripted", "--precision", "bf16-mixed", "--devices", str(devices),
+        reports = fsdp_ranks(out, tiny_model, "--scripted", "--precision", "bf16-mixed", "--devices", str(devices),
                              "--prompts-per-step", str(per_step))
         runs[devices] = reports, torch.load(out / "grads.pt")
     return runs
@@ -130,7 +130,7 @@ def test_resuming_a_sharded_checkpoint_gives_the_uninterrupted_weights(two_ranks
     out, ranks = two_ranks
     checkpoint = out / "checkpoints" / "step=2.ckpt"
     assert checkpoint.is_dir() and (checkpoint / "meta.pt").is_file()  # ModelParallelStrategy's sharded format
-    resumed = fsdp_check(tmp_path, tiny_model, "--resume", str(checkpoint))
+    resumed = fsdp_ranks(tmp_path, tiny_model, "--resume", str(checkpoint))
     for before, after in zip(ranks, resumed):
         assert after["prompts"] == before["prompts"][2:]  # only the third step is trained again
         assert after["engine_version"] == 3
@@ -145,7 +145,7 @@ def test_a_sharded_checkpoint_exports_to_the_final_weights(two_ranks, tmp_path):
     out, ranks = two_ranks
     export_checkpoint(str(out / "checkpoints" / "step=3.ckpt"), str(tmp_path / "hf"), dtype="float32")
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
-    from tools.bench.fsdp_check import digest
+    from fsdp_ranks import digest
 
     assert digest(model.state_dict()) == ranks[0]["final"]
 
@@ -153,7 +153,7 @@ def test_a_sharded_checkpoint_exports_to_the_final_weights(two_ranks, tmp_path):
 @pytest.mark.vllm
 def test_one_vllm_engine_per_rank_samples_from_the_gathered_weights(tmp_path, tiny_model):
     pytest.importorskip("vllm")
-    ranks = fsdp_check(tmp_path, tiny_model, "--engine", "vllm")
+    ranks = fsdp_ranks(tmp_path, tiny_model, "--engine", "vllm")
     for report in ranks:
         assert report["engine_version"] == 3 and report["engine_received"] == report["final"]
         assert report["engine_logprob_gap"] < 1e-4  # float32 engine and policy: ~5e-7 when the weights match
@@ -165,7 +165,7 @@ def test_two_ranks_give_the_single_process_gradient_on_the_union_of_their_data(t
     grads = {}
     for devices, per_step in ((2, 1), (1, 2)):
         out = tmp_path / f"devices{devices}"
-        fsdp_check(out, tiny_model, "--scripted", "--devices", str(devices), "--prompts-per-step", str(per_step))
+        fsdp_ranks(out, tiny_model, "--scripted", "--devices", str(devices), "--prompts-per-step", str(per_step))
         grads[devices] = torch.load(out / "grads.pt")
     assert grads[1].keys() == grads[2].keys()
     assert sum(g.abs().sum() for g in grads[1].values()) > 0
@@ -179,8 +179,8 @@ def test_token_budget_ranks_run_in_lockstep_and_give_the_single_process_weights(
     the same weights, which are those of one process with both ranks' prompts (plain SGD, so that the final
     weights compare as tightly as the gradients; AdamW would amplify float noise in near-zero gradients)."""
     args = ("--scripted", "--uneven", "--sgd", "--packed", "--max-tokens", "200")  # ~75 to ~200 tokens a sequence
-    ranks = fsdp_check(tmp_path / "two", tiny_model, *args)
-    single = fsdp_check(tmp_path / "one", tiny_model, *args, "--devices", "1", "--prompts-per-step", "2")
+    ranks = fsdp_ranks(tmp_path / "two", tiny_model, *args)
+    single = fsdp_ranks(tmp_path / "one", tiny_model, *args, "--devices", "1", "--prompts-per-step", "2")
     assert ranks[0]["final"] == ranks[1]["final"]
     assert ranks[0]["passes"] == ranks[1]["passes"]  # per step and mini-batch: the same number of passes...
     assert any(f != [0] for r in ranks for f in r["fillers"])  # ...of which some were fillers on one rank
@@ -198,8 +198,8 @@ def test_a_sequence_mask_on_two_ranks_gives_the_single_process_weights_and_count
     unlikely), the masked tokens stay in the global normalizer, and both ranks end with the weights of one process
     with both prompts. The mismatch numbers are summed over the ranks: every rank reports the one-process values."""
     args = ("--scripted", "--uneven", "--sgd", "--packed", "--max-tokens", "200", "--mismatch", "sequence_mask")
-    ranks = fsdp_check(tmp_path / "two", tiny_model, *args)
-    single = fsdp_check(tmp_path / "one", tiny_model, *args, "--devices", "1", "--prompts-per-step", "2")
+    ranks = fsdp_ranks(tmp_path / "two", tiny_model, *args)
+    single = fsdp_ranks(tmp_path / "one", tiny_model, *args, "--devices", "1", "--prompts-per-step", "2")
     assert ranks[0]["final"] == ranks[1]["final"]
     masked = [step["mismatch/masked_seq_frac"] for step in single[0]["mismatch"]]
     assert any(0 < m < 1 for m in masked), masked  # some steps mask some sequences, not all
@@ -220,12 +220,12 @@ def test_a_tied_qwen3_trains_checkpoints_resumes_and_exports_on_two_ranks(tmp_pa
     from evolrl.training.export import export_checkpoint
 
     model = tied_qwen3(tmp_path / "qwen3", tiny_model)
-    ranks = fsdp_check(tmp_path / "run", model, "--checkpoints")
+    ranks = fsdp_ranks(tmp_path / "run", model, "--checkpoints")
     assert ranks[0]["initial"] == weights_digest(model) and ranks[0]["final"] == ranks[1]["final"]
     final = torch.load(tmp_path / "run" / "final.pt")
     assert torch.equal(final["lm_head.weight"], final["model.embed_tokens.weight"])
     assert ranks[0]["final"] != ranks[0]["initial"]  # it trained
-    resumed = fsdp_check(tmp_path / "resume", model, "--resume", str(tmp_path / "run" / "checkpoints" / "step=2.ckpt"))
+    resumed = fsdp_ranks(tmp_path / "resume", model, "--resume", str(tmp_path / "run" / "checkpoints" / "step=2.ckpt"))
     assert [r["final"] for r in resumed] == [r["final"] for r in ranks]
     export_checkpoint(str(tmp_path / "run" / "checkpoints" / "step=3.ckpt"), str(tmp_path / "hf"), dtype="float32")
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
@@ -237,8 +237,8 @@ def test_two_ranks_train_lora_adapters_on_a_frozen_sharded_base(tmp_path, tiny_m
     """FSDP2 shards the frozen base and the float32 adapters alike; only the adapters move, both ranks end with the
     same merged weights, and the engine got them (the base with the adapters merged in). A sharded checkpoint keeps
     the whole state, and a run resumed from it ends with the uninterrupted run's weights."""
-    ranks = fsdp_check(tmp_path / "run", tiny_model, "--lora", "--checkpoints")
-    resumed = fsdp_check(tmp_path / "resumed", tiny_model, "--lora", "--resume",
+    ranks = fsdp_ranks(tmp_path / "run", tiny_model, "--lora", "--checkpoints")
+    resumed = fsdp_ranks(tmp_path / "resumed", tiny_model, "--lora", "--resume",
                          str(tmp_path / "run" / "checkpoints" / "step=2.ckpt"))
     assert [r["final"] for r in resumed] == [r["final"] for r in ranks]
     assert [r["world_size"] for r in ranks] == [2, 2]
@@ -252,10 +252,10 @@ def test_two_ranks_train_lora_adapters_on_a_frozen_sharded_base(tmp_path, tiny_m
 
 
 def test_dynamic_sampling_on_two_ranks_agrees_on_rounds_and_groups(tmp_path, tiny_model):
-    """Only even-numbered prompts' groups disagree (``fsdp_check --dynamic-sampling``): each rank keeps its own number
+    """Only even-numbered prompts' groups disagree (``fsdp_ranks --dynamic-sampling``): each rank keeps its own number
     per round, yet both take the same rounds and train as many groups (no collective waits), all of them kept ones
     unless no rank kept any."""
-    ranks = fsdp_check(tmp_path, tiny_model, "--dynamic-sampling", "3", "--prompts-per-step", "2")
+    ranks = fsdp_ranks(tmp_path, tiny_model, "--dynamic-sampling", "3", "--prompts-per-step", "2")
     steps = [[{k: v for k, v in step.items() if k.startswith("dynamic")} for step in r["mismatch"]] for r in ranks]
     assert [len(s) for s in steps] == [3, 3]
     for step0, step1 in zip(*steps):

@@ -1,4 +1,6 @@
-from evolrl.rewards import group_answers, majority_vote
+from helpers import majority_vote
+
+from evolrl.rewards import group_answers
 
 
 def test_plain_majority():

@@ -5,8 +5,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evolrl.rewards import Embedder, NoveltyBands, band_rewards, evol_rewards, evol_rewards_batched, novelty_values
+from evolrl.rewards import Embedder, NoveltyBands, band_rewards, novelty_values
 from evolrl.types import Prompt, ResponseGroup, RolloutBatch
+
+
+def evol_rewards_batched(embeddings, is_majority, is_valid, alpha=0.5):
+    """The rewards ``NoveltyBands`` computes from embeddings ``[P, V, D]``: novelty, then bands."""
+    return band_rewards(novelty_values(embeddings, is_majority, is_valid=is_valid, alpha=alpha), is_majority, is_valid)
+
+
+def evol_rewards(embeddings, is_majority, is_valid, alpha=0.5):
+    """:func:`evol_rewards_batched` for one prompt: embeddings ``[V, D]``, masks ``[V]``."""
+    return evol_rewards_batched(embeddings[None], is_majority[None], is_valid=is_valid[None], alpha=alpha)[0]
 
 
 def oracle_rewards(emb, majority, valid, alpha=0.5):

@@ -8,7 +8,7 @@ import pytest
 from evolrl.callbacks import EvalResponses
 from evolrl.data import EvalSet, RolloutDataModule, WordProblems
 from evolrl.models import load_tokenizer
-from evolrl.rewards.answers import extract_answer
+from evolrl.rewards import AnswerRules
 from evolrl.rollout import HFEngine, Sampling
 from evolrl.training import EvolRLModule
 from tools.study.probe_responses import (
@@ -20,6 +20,12 @@ from tools.study.probe_responses import (
 )
 
 
+def answer_of(text: str) -> str | None:
+    """The answer the default ``AnswerRules`` read in ``text``, or ``None``."""
+    span = AnswerRules().read(text)
+    return None if span is None else span.answer
+
+
 @pytest.mark.parametrize(("text", "prefix"), [
     ("Sam has 7 + 5 = 12, then 12 - 3 = 9. So Sam has 9 apples.", "Sam has 7 + 5 = 12, then 12 - 3 = 9. So Sam has "),
     ("7 + 5 = 12 and 12 - 3 = 9, \\boxed{9}. That was 3 steps.", "7 + 5 = 12 and 12 - 3 = 9, "),
@@ -28,10 +34,10 @@ from tools.study.probe_responses import (
     ("<think>try 3 + 4 = 7</think> The answer is 8.", "<think>try 3 + 4 = 7</think> The answer is "),
     ("1,000 + 200 = 1,200", "1,000 + 200 = "),
 ])
-def test_the_answer_starts_where_extract_answer_reads_it(text, prefix):
+def test_the_answer_starts_where_the_rules_read_it(text, prefix):
     start = answer_start(text)
     assert text[:start] == prefix
-    assert text[start:].startswith(extract_answer(text)) or text[start:].startswith("\\boxed")
+    assert text[start:].startswith(answer_of(text)) or text[start:].startswith("\\boxed")
 
 
 def test_no_answer_no_position():
@@ -84,7 +90,7 @@ def test_eval_responses_writes_every_response_of_a_validate_run(tiny_model, tmp_
         for r in row["responses"]:
             assert 1 <= len(r["tokens"]) <= 6
             assert tokenizer.decode(r["tokens"], skip_special_tokens=True).strip() == r["text"].strip()
-            assert r["answer"] == extract_answer(r["text"]) and r["correct"] == (r["answer"] == row["truth"])
+            assert r["answer"] == answer_of(r["text"]) and r["correct"] == (r["answer"] == row["truth"])
     assert json.loads(json.dumps(rows)) == rows
 
 
@@ -119,4 +125,4 @@ def test_every_worked_example_of_the_probe_adds_up():
             numbers = [int(n) for n in re.findall(r"\d+", example["question"])]
             steps = re.findall(r"(\d+) \+ (\d+) = (\d+)\.", example["response"])
             assert steps and all(int(a) + int(b) == int(c) for a, b, c in steps), (name, example)
-            assert extract_answer(example["response"]) == str(sum(numbers)), (name, example)
+            assert answer_of(example["response"]) == str(sum(numbers)), (name, example)

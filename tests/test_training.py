@@ -317,7 +317,7 @@ def test_validate_a_trained_checkpoint(tmp_path, tiny_model, minilm, monkeypatch
     import subprocess
 
     out = tmp_path / "exported"
-    subprocess.run([sys.executable, "-m", "tools.commands.export_hf", checkpoint, str(out), "--dtype", "float32"],
+    subprocess.run([sys.executable, "-m", "evolrl", "export", checkpoint, str(out), "--dtype", "float32"],
                    check=True, cwd=Path(__file__).parent.parent)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -17,7 +17,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from helpers import ends_at_its_stop_string, scalars, tiny_config
+from helpers import ends_at_its_stop_string, sampler_logprob_gap, scalars, tiny_config
 
 from evolrl.algorithms import MismatchCorrection, SequenceMask, TokenTruncate
 from evolrl.data.chat import render_prompt
@@ -25,7 +25,6 @@ from evolrl.logprobs.from_logits import logprobs_and_entropy
 from evolrl.logprobs.sequences import trained_sequences
 from evolrl.models import load_policy, load_tokenizer
 from evolrl.rollout import Rollouts, Sampling, VLLMEngine
-from evolrl.rollout.check import sampler_logprob_gap
 from evolrl.rollout.seeds import Seeds
 from evolrl.teacher import EMATeacher, teacher_sampler
 from evolrl.training import Batching, GRPOLoss, GRPOUpdate

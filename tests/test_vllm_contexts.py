@@ -16,12 +16,11 @@ import torch
 
 pytest.importorskip("vllm")
 
-from helpers import tied_qwen3
+from helpers import sampler_logprob_gap, tied_qwen3
 
 from evolrl.data.chat import render_prompt
 from evolrl.models import load_policy, load_tokenizer
 from evolrl.rollout import Sampling, VLLMEngine
-from evolrl.rollout.check import sampler_logprob_gap
 from evolrl.types import Prompt
 
 pytestmark = pytest.mark.vllm

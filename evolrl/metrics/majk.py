@@ -1,8 +1,9 @@
 """maj@k: the expected accuracy of a majority vote over k of the n samples.
 
 :func:`maj_at_k` is exact. The k samples are a uniformly random draw without
-replacement, taken in random order; the vote is :func:`~evolrl.rewards.majority_vote`
-(equivalence classes, missing answers never win, ties to the answer seen first),
+replacement, taken in random order; the vote is the rewards' own
+(:func:`~evolrl.rewards.group_answers`, then :func:`~evolrl.rewards.majority_class`:
+equivalence classes, missing answers never win, ties to the answer seen first),
 so a tie is won by each tied answer with equal chance.
 
 The computation is a generating function over equivalence classes. With class
@@ -14,8 +15,7 @@ polynomials ``sum_{x<t} C(n_i, x) z^x + y C(n_i, t) z^t`` (``y`` counts ties)
 and read the coefficient of ``z^(k-t)``. Classes of equal size share one
 factor, so the work is small for the usual n = 32 or 64.
 
-:func:`bootstrap_maj_at_k` is the authors' with-replacement resampling, for
-comparison with the paper only.
+The authors resampled k answers *with* replacement instead; evolrl does not.
 """
 
 from __future__ import annotations
@@ -89,25 +89,3 @@ def maj_at_k(answers: Sequence[str | None], correct: Sequence[bool], k: int) -> 
             win = float(np.sum(ties / np.arange(1, len(ties) + 1)))
             total += num_correct * comb(size, t) * win
     return total / comb(n, k)
-
-
-def bootstrap_maj_at_k(
-    answers: Sequence[str | None], correct: Sequence[bool], k: int, samples: int = 1000, seed: int = 0
-) -> float:
-    """The authors' maj@k: ``samples`` draws of k answers *with* replacement (comparison with the paper only)."""
-    classes, class_correct = _classes(answers, correct)
-    if k < 1:
-        raise ValueError(f"need k >= 1, got {k}")
-    num = len(class_correct)
-    if num == 0:
-        return 0.0
-    ids = np.array([-1 if c is None else c for c in classes])
-    draws = ids[np.random.default_rng(seed).integers(0, len(ids), size=(samples, k))]  # [S, k]
-    one_hot = draws[..., None] == np.arange(num)  # [S, k, C]
-    counts = one_hot.sum(1)  # [S, C]
-    first_seen = np.where(one_hot.any(1), one_hot.argmax(1), k)  # [S, C]
-    # most votes first, then earliest first appearance in the draw
-    key = counts * (k + 1) - first_seen
-    winner = key.argmax(1)
-    has_vote = counts.max(1) > 0
-    return float(np.mean(np.array(class_correct)[winner] & has_vote))

@@ -2,10 +2,9 @@
 
 :func:`pass_at_k` is the unbiased estimator ``1 - C(n-c, k) / C(n, k)`` of the
 chance that at least one of k samples drawn without replacement is correct.
-:func:`bootstrap_pass_at_k` is what the EVOL-RL authors reported: drawing the k
-samples *with* replacement, ``1 - (1 - c/n)^k``. It is biased low (c = 1 of
-n = 32 gives 0.40 at k = 16 instead of 0.50) and exists only to compare with
-the paper's tables.
+The EVOL-RL authors reported k samples drawn *with* replacement,
+``1 - (1 - c/n)^k``, which is biased low (c = 1 of n = 32 gives 0.40 at k = 16
+instead of 0.50); compare with the paper's tables with that in mind.
 """
 
 from __future__ import annotations
@@ -24,9 +23,3 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k for one problem (exact integer arithmetic, one rounding at the end)."""
     _check(n, c, k)
     return 1.0 - comb(n - c, k) / comb(n, k)
-
-
-def bootstrap_pass_at_k(n: int, c: int, k: int) -> float:
-    """The authors' with-replacement pass@k (biased low); for comparison with the paper only."""
-    _check(n, c, k)
-    return 1.0 - (1.0 - c / n) ** k

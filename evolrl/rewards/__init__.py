@@ -27,11 +27,9 @@ from evolrl.rewards.answer_rules import AnswerRules
 from evolrl.rewards.answer_sheet import AnswerReward, AnswerSheet
 from evolrl.rewards.answers import (
     AnswerSpan,
-    extract_answer,
     extract_choice,
     final_part,
     has_trailing_text,
-    is_valid_response,
     read_answer,
 )
 from evolrl.rewards.base import Reward
@@ -41,7 +39,7 @@ from evolrl.rewards.embedders import Embedder, EmbedderError, SentenceTransforme
 from evolrl.rewards.equivalence import answers_equivalent, normalize_answer
 from evolrl.rewards.evol_reward import EvolReward
 from evolrl.rewards.majority_vote_reward import MajorityVoteReward
-from evolrl.rewards.novelty import band_rewards, evol_rewards, evol_rewards_batched, novelty_values
+from evolrl.rewards.novelty import band_rewards, novelty_values
 from evolrl.rewards.novelty_bands import NoveltyBands
 from evolrl.rewards.policy_signal import PolicyReward, PolicySignal
 from evolrl.rewards.restrain_reward import PromptWeights, RestrainReward
@@ -49,7 +47,7 @@ from evolrl.rewards.self_certainty_reward import SelfCertaintyReward
 from evolrl.rewards.semantic_entropy_reward import SemanticEntropyReward
 from evolrl.rewards.token_entropy_reward import TokenEntropyReward
 from evolrl.rewards.verifier_reward import VerifierReward
-from evolrl.rewards.voting import group_answers, majority_vote
+from evolrl.rewards.voting import group_answers, majority_class
 
 __all__ = [
     "AnswerReward",
@@ -75,15 +73,11 @@ __all__ = [
     "VerifierReward",
     "answers_equivalent",
     "band_rewards",
-    "evol_rewards",
-    "evol_rewards_batched",
-    "extract_answer",
     "extract_choice",
     "final_part",
     "group_answers",
     "has_trailing_text",
-    "is_valid_response",
-    "majority_vote",
+    "majority_class",
     "normalize_answer",
     "novelty_values",
     "read_answer",

@@ -103,12 +103,6 @@ def strip_last_boxed(text: str) -> str:
     return text[:start] + text[end:]
 
 
-def last_number(text: str) -> str | None:
-    """The last number written in ``text`` (``1,000``, ``-3.5``, ``.5``), or ``None``."""
-    numbers = _NUMBER.findall(text)
-    return numbers[-1] if numbers else None
-
-
 def _fallback_number(text: str, rule: FallbackRule) -> re.Match | None:
     """The match of the number the fallback reads: see the module docstring."""
     if rule == "first_result":
@@ -126,8 +120,7 @@ def answer_offset(text: str) -> int:
     return len(text) - len(final_part(text))
 
 
-def read_answer(text: str, number_fallback: bool = True, fallback_rule: FallbackRule = "last_number",
-                ) -> AnswerSpan | None:
+def read_answer(text: str, number_fallback: bool, fallback_rule: FallbackRule) -> AnswerSpan | None:
     """The final answer of a response and where it was read; ``None`` without one.
 
     The last non-empty box of :func:`final_part` (its content stripped); without one, if ``number_fallback``, the
@@ -148,13 +141,6 @@ def read_answer(text: str, number_fallback: bool = True, fallback_rule: Fallback
     return AnswerSpan(number.group(group), offset + number.start(group), offset + number.end(group))
 
 
-def extract_answer(text: str, number_fallback: bool = True, fallback_rule: FallbackRule = "last_number",
-                   ) -> str | None:
-    """The final answer of a response (:func:`read_answer`), or ``None``."""
-    span = read_answer(text, number_fallback, fallback_rule)
-    return span.answer if span is not None else None
-
-
 def has_trailing_text(text: str, span: AnswerSpan | None, graded: AnswerSpan | None = None) -> bool:
     """Whether a letter or digit follows the answer stated at ``span`` (whitespace, punctuation, closing math
     delimiters such as ``.`` or ``$`` and a closing tag such as ``</answer>`` do not count), apart from the box or
@@ -168,9 +154,9 @@ def has_trailing_text(text: str, span: AnswerSpan | None, graded: AnswerSpan | N
     return WORD.search(rest, closing.end() if closing else 0) is not None
 
 
-def is_valid_answer(answer: str | None, rule: ValidRule = "digit") -> bool:
+def is_valid_answer(answer: str | None, rule: ValidRule) -> bool:
     """Whether a read answer (``None``: none) makes its response valid under ``rule``
-    (see :func:`is_valid_response`)."""
+    (:class:`~evolrl.rewards.AnswerRules`' ``valid_rule``)."""
     if rule not in VALID_RULES:
         raise ValueError(f"unknown validity rule {rule!r}; choose one of {', '.join(VALID_RULES)}")
     if rule == "any":
@@ -180,20 +166,6 @@ def is_valid_answer(answer: str | None, rule: ValidRule = "digit") -> bool:
     if rule == "digit":
         return any(ch.isdigit() for ch in answer)
     return answer != ""
-
-
-def is_valid_response(text: str, rule: ValidRule = "digit", number_fallback: bool = False,
-                      fallback_rule: FallbackRule = "last_number") -> bool:
-    """Whether a response counts for the vote and the novelty reward.
-
-    ``digit`` (the paper's rule): a boxed answer containing a digit. ``nonempty``:
-    any non-empty boxed answer (for π, intervals, text, letters). ``any``: every
-    response is valid. With ``number_fallback`` a bare number (``fallback_rule``) counts as a
-    boxed answer, for models that never write ``\\boxed{}``.
-    """
-    if rule not in VALID_RULES:
-        raise ValueError(f"unknown validity rule {rule!r}; choose one of {', '.join(VALID_RULES)}")
-    return is_valid_answer(extract_answer(text, number_fallback, fallback_rule), rule)
 
 
 _CHOICE_IN_BOX = re.compile(r"^\(?([A-Za-z])\)?(?:[\s.:)]|$)")

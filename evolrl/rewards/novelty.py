@@ -71,13 +71,3 @@ def band_rewards(novelty: Tensor, is_majority: Tensor, is_valid: Tensor) -> Tens
     z = torch.where(size == 1, torch.ones_like(z), z)
     reward = torch.where(majority, 0.5 + 0.5 * z, -1.0 + 0.5 * z)
     return torch.where(valid, reward, torch.full_like(reward, -1.0))
-
-
-def evol_rewards_batched(embeddings: Tensor, is_majority: Tensor, is_valid: Tensor, alpha: float = 0.5) -> Tensor:
-    """EVOL-RL rewards ``[P, V]`` from embeddings ``[P, V, D]`` and bool masks ``[P, V]``."""
-    return band_rewards(novelty_values(embeddings, is_majority, is_valid=is_valid, alpha=alpha), is_majority, is_valid)
-
-
-def evol_rewards(embeddings: Tensor, is_majority: Tensor, is_valid: Tensor, alpha: float = 0.5) -> Tensor:
-    """EVOL-RL rewards ``[V]`` for one prompt: embeddings ``[V, D]``, bool masks ``[V]``."""
-    return evol_rewards_batched(embeddings[None], is_majority[None], is_valid=is_valid[None], alpha=alpha)[0]

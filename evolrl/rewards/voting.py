@@ -48,15 +48,3 @@ def majority_class(classes: Sequence[int | None]) -> int | None:
     """The winning class of :func:`group_answers` output: most members, ties to the first seen."""
     counts = class_counts(classes)
     return max(counts, key=lambda c: (counts[c], -c)) if counts else None
-
-
-def majority_vote(answers: Sequence[str | None]) -> tuple[str | None, list[bool]]:
-    """``(label, is_majority)``: the winning answer (as first written) and, per answer, whether it agrees.
-
-    ``label`` is ``None`` and every flag ``False`` when no answer is present.
-    """
-    classes = group_answers(answers)
-    winner = majority_class(classes)
-    if winner is None:
-        return None, [False] * len(answers)
-    return answers[classes.index(winner)], [c == winner for c in classes]

@@ -51,11 +51,11 @@ from evolrl.rollout.vllm_setup import (
     trainer_state_kept,
 )
 from evolrl.rollout.vllm_sleep import SleepCycle
-from evolrl.rollout.vllm_weights import forget_cached_prompts, full_state_dict, full_tensors, stream_weights
+from evolrl.rollout.vllm_weights import forget_cached_prompts, full_tensors, stream_weights
 from evolrl.settings import check_choice, check_float, check_int, require
 from evolrl.types import Prompt, ResponseGroup
 
-__all__ = ["VLLMEngine", "full_state_dict", "full_tensors", "kv_cache_bytes"]
+__all__ = ["VLLMEngine", "kv_cache_bytes"]
 
 
 class VLLMEngine(RolloutEngine):

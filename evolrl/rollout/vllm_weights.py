@@ -25,11 +25,6 @@ def full_tensors(policy: nn.Module, dtype: torch.dtype) -> Iterator[tuple[str, t
         yield name, tensor.detach().to(dtype)
 
 
-def full_state_dict(policy: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """:func:`full_tensors` as a dict."""
-    return dict(full_tensors(policy, dtype))
-
-
 def stream_weights(llm, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
     """``tensors`` (e.g. :func:`full_tensors`) into ``llm``, one full tensor in flight at a time.
 

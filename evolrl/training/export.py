@@ -1,10 +1,16 @@
 """Turn a training checkpoint into a Hugging Face model directory (safetensors + tokenizer).
 
-The directory loads with ``AutoModelForCausalLM.from_pretrained`` and with vLLM, like any Hub model.
+The directory loads with ``AutoModelForCausalLM.from_pretrained`` and with vLLM, like any Hub model:
+
+    python -m evolrl export runs/demo/checkpoints/last.ckpt exported/
+
+A LoRA run's checkpoint (adapters only) is merged into its base; ``--adapter-dir DIR`` also writes the adapter alone
+in peft's format (``peft.PeftModel.from_pretrained(base, DIR)``).
 """
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import torch
@@ -70,3 +76,18 @@ def _load(policy, state: dict, checkpoint: str, model: str) -> None:
         policy.load_state_dict(state)
     except RuntimeError as err:
         raise ValueError(f"{checkpoint}: its weights do not fit the architecture of {model!r}: {err}") from err
+
+
+def main(argv: list[str]) -> None:
+    """``python -m evolrl export CHECKPOINT OUT_DIR``: the command line of :func:`export_checkpoint`."""
+    parser = argparse.ArgumentParser(prog="python -m evolrl export", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", help="a .ckpt written by `python -m evolrl fit` (a file, or the directory of "
+                                           "a sharded checkpoint from a run on several devices)")
+    parser.add_argument("out_dir", help="directory to write")
+    parser.add_argument("--model", help="base model string (default: the checkpoint's own)")
+    parser.add_argument("--dtype", default="bfloat16", help="dtype of the saved weights (default: bfloat16)")
+    parser.add_argument("--adapter-dir", help="a LoRA checkpoint: also write its adapter, in peft's format, here")
+    args = parser.parse_args(argv)
+    print(export_checkpoint(args.checkpoint, args.out_dir, model=args.model, dtype=args.dtype,
+                            adapter_dir=args.adapter_dir))

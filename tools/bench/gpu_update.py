@@ -452,7 +452,7 @@ CHILDREN = {"versions": versions, "lr0": lr0, "kl": kl, **{name: functools.parti
 
 def child(name: str, out: Path, gpu: bool) -> None:
     """Run one section here and write ``work/NAME.json``; then leave at once (a process group's teardown at exit can
-    abort a process whose work is done: ``tools/bench/fsdp_check.py``)."""
+    abort a process whose work is done: ``tests/fsdp_ranks.py``)."""
     work = out / "work"
     try:
         if name in os.environ.get(FAIL, "").split(","):

@@ -15,18 +15,20 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
-from evolrl.rewards.answers import answer_boxes, extract_answer, final_part, last_boxed, read_answer, strip_last_boxed
+from evolrl.rewards import AnswerRules
+from evolrl.rewards.answers import answer_boxes, final_part, last_boxed, strip_last_boxed
 from evolrl.rewards.statements import first_statement
 
 
 def answer_start(text: str, number_fallback: bool = True) -> int | None:
-    """Where the final answer ``extract_answer`` reads begins in ``text``: its last box, else its last number (with
+    """Where the final answer ``AnswerRules(number_fallback=...)`` reads begins in ``text``: its last box, else its last number (with
     ``number_fallback``); ``None`` when it reads none."""
     part = final_part(text)
     offset = len(text) - len(part)  # the answer is read after the first </think>
     if last_boxed(part) is not None:  # the box starts where the text without it first differs
         return offset + len(os.path.commonprefix([part, strip_last_boxed(part)]))
-    answer = extract_answer(part, number_fallback=number_fallback)
+    span = AnswerRules(number_fallback=number_fallback).read(part)
+    answer = None if span is None else span.answer
     # No digit follows the last number, so the last occurrence of its text is where it starts.
     return None if answer is None else offset + part.rfind(answer)
 
@@ -47,7 +49,8 @@ def read_rows(path: Path) -> list[dict]:
 def ways_to_majority(texts: list[str], number_fallback: bool = True) -> int | None:
     """How many different texts (stripped) a group's responses that give its most frequent answer write before they
     first state it (what ``until_answer`` novelty embeds); ``None`` when fewer than two give it."""
-    spans = [(t, read_answer(t, number_fallback)) for t in texts]
+    rules = AnswerRules(number_fallback=number_fallback)
+    spans = [(t, rules.read(t)) for t in texts]
     answers = Counter(s.answer for _, s in spans if s is not None)
     if not answers or answers.most_common(1)[0][1] < 2:
         return None

