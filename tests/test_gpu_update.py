@@ -39,8 +39,8 @@ def test_cpu_mode_reports_every_section_and_a_failed_one_leaves_the_others_runni
     assert re.search(r"^\| torch \| \d", report, re.MULTILINE)
     assert re.search(r"`torch\.nn\.attention\.varlen\.varlen_attn`(: missing| exists: `varlen_attn\()", report)
     assert re.search(r"^GQA check (on the CPU|against the per-sequence path: not run on the CPU)", report, re.MULTILINE)
-    # the bench section's one-row summary: no GPU busy fraction or estimate on a CPU, its kernel calls as launches
-    assert re.search(r"^\| [\d.]+ \| [\d.]+ \| [\d.e-]+ \| - \| \d+ kernel calls \| \d+ MiB resident \| - \|$", report,
+    # the bench section's one-row summary: no GPU busy fraction, launches or estimate on a CPU
+    assert re.search(r"^\| [\d.]+ \| [\d.]+ \| [\d.e-]+ \| - \| - \| \d+ MiB resident \| - \|$", report,
                      re.MULTILINE), report
 
     (run,) = json.loads((tmp_path / "report.json").read_text())["runs"]
@@ -48,7 +48,7 @@ def test_cpu_mode_reports_every_section_and_a_failed_one_leaves_the_others_runni
     sections = {s["name"]: s for s in run["sections"]}
     assert {name: s["status"] for name, s in sections.items()} == status
     paper = sections["paper"]["figures"]
-    assert paper["update s"] > 0 and paper["tokens/s"] > 0 and paper["cpu_calls"][0] > 0 and paper["busy"] is None
+    assert paper["update s"] > 0 and paper["tokens/s"] > 0 and paper["busy"] is None
     # a bench section that times out after printing its row keeps it: the timeout stands in for the clock (the
     # section's real log, as the run above left it, is what is read)
     from tools.commands.gpu_check import runs as gpu_check_runs

@@ -5,11 +5,10 @@ ones.
     python -m tools.bench.bench_update --models tiny    # about a minute
     python -m tools.bench.bench_update --quick          # smoke test (~30 s): tiny model, heavy tail, short sequences
     python -m tools.bench.bench_update --demo           # SmolLM2-135M at configs/demo.yaml's update (~5 min)
-    python -m tools.bench.bench_update --demo --profile 15    # ... and where its time goes (the top 15 aten operators)
     python -m tools.bench.bench_update --precision 32-true --no-gradient-checkpointing --kl-coef 0
     python -m tools.bench.bench_update --paper --profile 15   # on a GPU: Qwen3-1.7B's shape, a paper-like update
     python -m tools.bench.bench_update --paper --models qwen3-4b --optimizer sgd  # 4B: AdamW's moments don't fit 80 GB
-    python -m tools.bench.bench_update --models smollm2 --dists heavy --paths packed --profile 12 --compile
+    python -m tools.bench.bench_update --models smollm2 --dists heavy --paths packed --compile
     python -m tools.bench.bench_update --paper --paths packed --profile 15 --compile --flex  # + FlexAttention
 
 On a GPU (``--device cuda``, the default where there is one) a case builds the policy and reference as a one-GPU run
@@ -18,11 +17,9 @@ synchronized, takes CUDA's allocated peak as the memory, prints MFU against the 
 (``update_profile.card_peak``) and the measured peak beside ``tools.commands.gpu_budget``'s estimate; ``--profile N``
 then prints the GPU-busy fraction, kernel launches, top N kernels, and what the CPU was doing while the GPU idled, of one
 more update on lengths one token longer than the first draw's (new shapes, as each training step brings;
-``tools/bench/update_profile.py``). ``--sdpa torch``: packed passes' per-sequence attention in torch's backend order
-instead of evolrl's flash-first one (``sequencewise_attention.GPU_BACKENDS``).
+``tools/bench/update_profile.py``).
 Models may be named Qwen3 shapes (``qwen3-0.6b``, ``qwen3-1.7b``, ``qwen3-4b``, ``qwen3-8b``: random weights, no
-download). On a CPU ``--profile`` counts the update's kernel calls (``update_profile.cpu_kernel_calls``: the proxy
-for the launch count, compiled code included) and, uncompiled, times its aten operators. ``--compile``: the blocks
+download). ``--profile`` needs a GPU (the kernels are what it reads). ``--compile``: the blocks
 compiled (``Batching.compile_blocks``), and per case a line on what compiling cost (the warm-up update's seconds, the
 graphs traced, any traced during the timed updates); ``--paths``: padded, packed or both.
 
@@ -108,8 +105,8 @@ capped at 12,288; mini-batches of 8; packed passes of at most 32,768 tokens), th
 QUICK = {"models": ["tiny"], "repeats": 1, "dists": ["heavy"], "sequences": 8, "mini_batch": 4, "micro_batch": 2, "budget": 256,
          "prompt": 12, "median": 24, "cap": 96, "check_longest": 64, "peak_size": 256, "peak_repeats": 3}
 CASE = ("prompt", "seed", "mini_batch", "micro_batch", "budget", "precision", "gradient_checkpointing", "kl_coef",
-        "entropy_coef", "temperature", "chunk", "threads", "device", "compiled", "flex", "optimizer",
-        "sdpa")  # the settings a measurement takes from the command line
+        "entropy_coef", "temperature", "chunk", "threads", "device", "compiled", "flex",
+        "optimizer")  # the settings a measurement takes from the command line
 
 
 def responses(dist: str, n: int, median: float, sigma: float, cap: int, seed: int) -> list[int]:
@@ -164,20 +161,14 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
              micro_batch: int, budget: int, precision: str, gradient_checkpointing: bool | int, kl_coef: float,
              entropy_coef: float, temperature: float, chunk: int, threads: int, allocator: str, device: str = "cpu",
              warmup: list[int] | None = None, ceiling: bool = False, profile: int = 0, compiled: bool = False,
-             flex: bool = False, optimizer: str = "adamw", sdpa: str = "evolrl") -> dict:
+             flex: bool = False, optimizer: str = "adamw") -> dict:
     """One update per draw of sequence lengths, measured, in this (fresh) process. On ``cuda`` the policy and the
     reference are built as a run under ``ModelParallelStrategy`` builds them (FSDP2 over a mesh of this one device,
     bf16 all-gathers), peak memory is CUDA's allocated peak, and ``profile`` asks for the kernels
-    (``update_profile.cuda_profile``) instead of the kernel calls and aten operators. ``compiled``:
+    (``update_profile.cuda_profile``). ``compiled``:
     ``Batching.compile_blocks``; ``flex``: ``Batching.flex_attention`` (packed passes); ``optimizer``: the module's
-    AdamW or plain SGD (no state: a shape whose AdamW moments do not fit); ``sdpa``: the sequence-wise attention's GPU
-    backend order, evolrl's (``sequencewise_attention.GPU_BACKENDS``) or torch's own (``torch``)."""
+    AdamW or plain SGD (no state: a shape whose AdamW moments do not fit)."""
     import torch
-
-    from evolrl.logprobs import sequencewise_attention
-
-    if sdpa == "torch":
-        sequencewise_attention.GPU_BACKENDS = None
 
     from evolrl.training import Batching, GRPOLoss, GRPOUpdate, Optimization
     from evolrl.training.build import Dtypes, build_models
@@ -186,10 +177,6 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
 
     torch.set_num_threads(threads)
     cuda = device == "cuda"
-    if compiled and profile and not cuda:  # compiled kernels visible to the CPU profiler (before they are built)
-        import torch._inductor.config
-
-        torch._inductor.config.cpp.enable_kernel_profile = True
     if allocator == "trainer" and not cuda:
         from evolrl.logprobs import keep_freed_memory
 
@@ -262,10 +249,6 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
 
             wall = measured[0]["seconds"]
             out["profile"] = "\n".join(summary_lines(cuda_profile(again, wall_s=wall, top=profile), top=profile))
-        else:
-            out["profile"] = kernel_call_lines(again, profile)
-            if not compiled:  # compiled code does not run under operator_times' dispatch mode
-                out["profile"] += "\n\n" + operator_times(again, profile)
     return out
 
 
@@ -285,55 +268,6 @@ def one_device_mesh():
     if not dist.is_initialized():
         dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     return init_device_mesh("cuda", (1,), mesh_dim_names=("data_parallel",))
-
-
-def operator_times(run, top: int) -> str:
-    """A table of the ``top`` aten operators by wall time spent in them during ``run()``. Each call is timed by a
-    ``TorchDispatchMode`` around it (forward and backward alike; on a CPU a call's work is done when it returns).
-    Not torch.profiler: its event recording made the large memory-bound operators ([V, H] fills and casts) take 10x
-    their time here."""
-    from collections import defaultdict
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    totals: dict[str, list] = defaultdict(lambda: [0, 0.0])
-
-    class Timed(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            start = time.perf_counter()
-            result = func(*args, **(kwargs or {}))
-            entry = totals[func.overloadpacket.__name__]
-            entry[0] += 1
-            entry[1] += time.perf_counter() - start
-            return result
-
-    start = time.perf_counter()
-    with Timed():
-        run()
-    wall, inside = time.perf_counter() - start, sum(t for _, t in totals.values())
-    calls = sum(n for n, _ in totals.values())
-    figures = (f"{wall:.2f} s with every operator timed, {inside:.2f} s of it inside aten operators; {calls} operator "
-               "calls (on a GPU each launches one kernel or more)")
-    lines = [figures, "",
-             row(["operator", "calls", "s", "of the update"]), row(["---"] * 4)]
-    for name, (calls, seconds) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]:
-        lines.append(row([name, calls, f"{seconds:.3f}", f"{seconds / wall:.1%}"]))
-    return "\n".join(lines)
-
-
-def kernel_call_lines(run, top: int) -> str:
-    """One update's kernel calls (``update_profile.cpu_kernel_profile``, the launch-count proxy) as printed: the
-    ``top`` most frequent, then where they ran (``update_profile.call_place``)."""
-    from tools.bench.update_profile import cpu_kernel_profile
-
-    total, calls, places, stand_in = cpu_kernel_profile(run, top)
-    figures = (f"{total} kernel calls (innermost operators that compute, compiled kernels included; on a GPU one "
-               "launch each; torch's varlen attention as a GPU's flash kernels, its CPU kernel's own "
-               f"{stand_in} calls apart: update_profile.GPU_LAUNCHES)")
-    lines = [figures, "", row(["kernel call", "calls", "s (profiled)"]), row(["---"] * 3)]
-    lines += [row([name, n, f"{t:.3f}"]) for name, n, t in calls]
-    lines += ["", row(["where they ran", "calls", "of all"]), row(["---"] * 3)]
-    return "\n".join(lines + [row([place, n, f"{n / total:.1%}"]) for place, n in places[:top]])
 
 
 def block_matmul_rate(policy, tokens: int, dtype) -> float:
@@ -484,7 +418,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3, help="timed updates per case, each on its own draw of lengths")
     p.add_argument("--profile", type=int, default=0, metavar="N",
-                   help="also print each case's top N aten operators by time spent in them (an extra update)")
+                   help="GPU: also profile an extra update: busy fraction, launches, the top N kernels, GPU idle time")
     p.add_argument("--entropy-coef", type=float, default=0.0, help="GRPOLoss.entropy_coef")
     p.add_argument("--temperature", type=float, default=1.0, help="the temperature the loss scores at")
     p.add_argument("--quick", action="store_true", help="smoke test, defaults: " + json.dumps(QUICK))
@@ -495,8 +429,6 @@ def main() -> None:
                    help="Batching.compile_blocks: each decoder block's forward through torch.compile")
     p.add_argument("--flex", action="store_true",
                    help="Batching.flex_attention: packed passes attend with one FlexAttention call per row (CUDA only)")
-    p.add_argument("--sdpa", default="evolrl", choices=["evolrl", "torch"],
-                   help="GPU: the per-sequence sdpa calls' backend order, evolrl's (flash first) or torch's own")
     p.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"],
                    help="the module's AdamW, or SGD without state (Qwen3-4B's AdamW moments do not fit one 80 GB GPU)")
     p.add_argument("--paths", nargs="+", default=["padded", "packed"], choices=["padded", "packed"])
@@ -517,6 +449,8 @@ def main() -> None:
 
     torch.set_num_threads(a.threads)
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if a.profile and a.device != "cuda":
+        p.error(f"--profile {a.profile}: profiles a GPU's kernels; on a CPU leave it out")
     if a.flex:
         from evolrl.logprobs.packed_flex import check_flex
         from evolrl.settings import SettingError
@@ -537,7 +471,7 @@ def main() -> None:
           f"packed: budget {a.budget} tokens; prompt {a.prompt} tokens; {a.precision}, gradient checkpointing "
           f"{checkpointing(a.gradient_checkpointing)}, kl_coef {a.kl_coef} "
           f"({'with' if a.kl_coef > 0 else 'no'} reference pass), entropy_coef {a.entropy_coef}, temperature "
-          f"{a.temperature}; {'compiled blocks, ' if a.compiled else ''}{'torch sdpa order, ' if a.sdpa == 'torch' else ''}{'flex attention, ' if a.flex else ''}{a.threads} threads, allocator {a.allocator}; "
+          f"{a.temperature}; {'compiled blocks, ' if a.compiled else ''}{'flex attention, ' if a.flex else ''}{a.threads} threads, allocator {a.allocator}; "
           + (f"per case one fresh process (time: median of {a.repeats} updates on their own draws, after a warm-up "
              "update on another; peak: CUDA's allocated peak of the first draw)" if a.device == "cuda" else
              f"per case two fresh processes (time: median of {a.repeats} updates on their own draws, after a warm-up "

@@ -8,28 +8,12 @@ the CPU side that launches kernels, hardly the kernels themselves), capped at 1.
 and driver calls that start a kernel (``cudaLaunchKernel``, ``cuLaunchKernel`` and their variants) on the CPU side.
 **Where the GPU idles** (``idle_by_cpu``): each gap between kernels charged to the CPU event running at its middle.
 
-On a CPU (``cpu_kernel_calls``), the launch-count proxy: torch.profiler's events over one update, counting the
-**kernel calls**, each innermost event that computes: an aten operator that is neither a view (its result aliases an
-input it does not write), nor an allocation, nor a query without a tensor result, and that calls no such operator
-itself, or a kernel that ``torch.compile`` generated (``cpp_fused_*``, seen with
-``torch._inductor.config.cpp.enable_kernel_profile``), or a multi-tensor operator (``aten::_foreach_*``, gradient
-clipping's norms and scaling) counted once with nothing inside it: on a CPU torch runs it as one call per tensor, on
-a GPU as multi-tensor kernels over many tensors at a time (a few launches for a whole model, so still an undercount
-there). Torch's varlen attention (``GPU_LAUNCHES``) counts as the kernels a GPU launches for it, whatever its CPU
-kernel, the project's per-sequence stand-in, runs inside it; those inner calls are reported apart. The same count
-serves compiled and uncompiled updates alike,
-which ``bench_update.operator_times``' dispatch mode cannot: compiled code does not run under it. A conservative
-count: an operator that computes and also calls a computing operator (``mul`` by a Python number wraps it in a
-tensor first) counts once, so uncompiled code is undercounted more than compiled code, and the ratio understates
-what compiling saves.
-
 Shapes (``QWEN3``): the published Qwen3 configs' decoder shapes, random weights (``write_random_model``), no
 download.
 """
 
 from __future__ import annotations
 
-import functools
 import re
 import time
 from collections import defaultdict
@@ -169,84 +153,6 @@ def idle_by_cpu(kernels: list[tuple[float, float]], cpu: list, top: int) -> dict
     def ranked(totals):
         return sorted(totals.items(), key=lambda kv: -kv[1])[:top]
     return {"operator": ranked(operator), "place": ranked(place)}
-
-
-NO_KERNEL = ("aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty", "aten::new_empty_strided",
-             "aten::resize_", "aten::set_", "aten::_unsafe_view")
-"""Operators that launch nothing but whose schemas do not say so: allocations, and a view its schema calls a copy."""
-
-FOREACH = "aten::_foreach_"
-"""Multi-tensor operators: one kernel call each in the CPU count (``cpu_kernel_calls``)."""
-
-
-@functools.cache
-def computes(name: str) -> bool:
-    """Whether a profiler event named ``name`` is work a GPU would launch a kernel for (see the module's docstring)."""
-    if "cpp_fused" in name or name.startswith(FOREACH):
-        return True
-    if not name.startswith("aten::") or name in NO_KERNEL:
-        return False
-    schemas = torch._C._jit_get_schemas_for_operator(name)
-    if not schemas:
-        return True
-    tensors = [r for r in schemas[0].returns if "Tensor" in str(r.type)]
-    return any(r.alias_info is None or r.alias_info.is_write for r in tensors)
-
-
-GPU_LAUNCHES = {"torch_attn::_varlen_attn": 1, "torch_attn::_varlen_attn_backward": 3}
-"""Operators counted as the kernels a GPU launches for them (``cpu_kernel_calls``): torch's varlen attention is one
-flash kernel per packed row forward, and flash-attention 2's three backward (dO.O with the dQ accumulator's clearing,
-the main pass, dQ's conversion; GQA's two sums over a head group are not counted). On a CPU the op runs the project's
-per-sequence loop (``evolrl/logprobs/varlen.py``), a stand-in no GPU runs."""
-
-
-def cpu_kernel_calls(run: Callable[[], None], top: int) -> tuple[int, list[tuple[str, int, float]]]:
-    """``run()`` (one update) under torch.profiler: its kernel calls (the module's docstring) and the ``top`` most
-    frequent as ``(name, calls, seconds)`` (the profiler's times, its own overhead included)."""
-    total, calls, _, _ = cpu_kernel_profile(run, top)
-    return total, calls
-
-
-def cpu_kernel_profile(run: Callable[[], None], top: int) -> tuple[int, list[tuple[str, int, float]], list, int]:
-    """:func:`cpu_kernel_calls`, the calls by where they ran (:func:`call_place`) as ``[(place, calls)]``, most
-    first, and the calls inside the ``GPU_LAUNCHES`` operators (their CPU stand-ins' own, not in the total)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        run()
-    events = list(prof.events())
-
-    def inside(event, enclosing: Callable[[str], bool]) -> bool:
-        parent = event.cpu_parent
-        while parent is not None and not enclosing(parent.name):
-            parent = parent.cpu_parent
-        return parent is not None
-
-    def foreach(name: str) -> bool:
-        return name.startswith(FOREACH)
-
-    computing = [e for e in events if (computes(e.name) or e.name in GPU_LAUNCHES) and not inside(e, foreach)]
-    outer = set()  # events with a computing event inside them
-    for e in computing:
-        parent = e.cpu_parent
-        while parent is not None and id(parent) not in outer:
-            outer.add(id(parent))
-            parent = parent.cpu_parent
-    calls: dict[str, list] = defaultdict(lambda: [0, 0.0])
-    places: dict[str, int] = defaultdict(int)
-    stand_in = 0
-    for e in computing:
-        if inside(e, GPU_LAUNCHES.__contains__):
-            stand_in += id(e) not in outer
-        elif e.name in GPU_LAUNCHES or id(e) not in outer:
-            n = GPU_LAUNCHES.get(e.name, 1)
-            entry = calls["compiled (cpp_fused_*)" if "cpp_fused" in e.name else e.name]
-            entry[0] += n
-            entry[1] += e.cpu_time_total / 1e6
-            places[call_place(e)] += n
-    total = sum(n for n, _ in calls.values())
-    return (total, sorted(((name, n, t) for name, (n, t) in calls.items()), key=lambda x: -x[1])[:top],
-            sorted(places.items(), key=lambda kv: -kv[1]), stand_in)
 
 
 COMPILED_GRAPH, COMPILED_REGION, BACKWARD = "## Call CompiledFxGraph", "Torch-Compiled Region", \
