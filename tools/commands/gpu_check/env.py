@@ -50,7 +50,7 @@ def sizes(gpu: bool, quick: bool, gpu_gib: float) -> dict:
                                      else qwen3(1024, 28, heads=16, kv=8, head_dim=128, positions=40960)),
                            "name": "Qwen3-1.7B" if big else "Qwen3-0.6B", "vocab": 151936,
                            "sequences": 8 if quick else 16, "mini_batch": 8, "prompt": 256, "median": 2000,
-                           "cap": 12288, "budget": 32768, "draws": 1 if quick else 2},
+                           "cap": 12288, "budget": 32768},
                 "lora": {"shape": {**qwen3(2560, 36, heads=32, kv=8, head_dim=128, positions=2048),
                                    "intermediate_size": 9728}, "name": "Qwen3-4B", "steps": 1, "new_tokens": 64}}
     length = 2048 if quick else 4096  # this CPU-sized model's bf16-buffer gap grows ~2x over 2,048 positions
@@ -61,7 +61,7 @@ def sizes(gpu: bool, quick: bool, gpu_gib: float) -> dict:
                    "bands": [(0, 256), (length // 4, length // 2), (3 * length // 4, length)]},
             "update": {"shape": qwen3(64, 2, heads=2, kv=1, head_dim=32, positions=1024), "name": "small",
                        "vocab": 2048, "sequences": 8, "mini_batch": 4, "prompt": 16, "median": 48, "cap": 192,
-                       "budget": 256, "draws": 1 if quick else 2},
+                       "budget": 256},
             "lora": {"shape": qwen3(64, 2, heads=2, kv=1, head_dim=32, positions=1024), "name": "small", "steps": 1,
                      "new_tokens": 8}}
 
