@@ -10,10 +10,8 @@ Sections, in the order they run (names or numbers for ``--sections``; each one's
 in all; where one command may run 600 s at most, pass ``--deadline`` or run two commands with the same ``--out``):
 
 1. versions [30 s]: python, torch (CUDA), the device, transformers, lightning, triton; whether this torch has
-   ``torch.nn.attention.varlen.varlen_attn`` and its signature; with a CUDA device, the op against the per-sequence
-   sdpa loop (``sequencewise_attention._each_sequence``) on a small packed GQA row (16 query / 8 key-value heads x
-   128, bf16): max |diff| of the output and of the three input gradients (on a CPU, tried and said why not where
-   the op has no CPU kernel).
+   ``torch.nn.attention.varlen.varlen_attn`` and its signature (its kernels against the per-sequence path are a GPU
+   test's: ``tests/test_varlen.py``).
 2. paper [120 s]: ``bench_update --paper --paths packed --repeats 2 --profile 10``, the Qwen3-1.7B shape uncompiled:
    update s, tokens/s, MFU, GPU-busy fraction, kernel launches, peak allocated memory beside ``gpu_budget``'s
    estimate (``bench_update`` draws the random weights on the device itself).
@@ -170,80 +168,9 @@ def versions(ctx: Context) -> tuple[bool, list[str], dict]:
         return True, [*lines, f"`torch.nn.attention.varlen.varlen_attn`: missing in this torch ({error})"], figures
     import inspect
 
-    signature = str(inspect.signature(varlen_attn))
-    figures["varlen_attn"] = signature
-    lines += [f"`torch.nn.attention.varlen.varlen_attn` exists: `varlen_attn{signature}`"]
-    try:
-        check = varlen_against_sequencewise(varlen_attn, ctx.device, **({} if ctx.gpu else {"lengths": (7, 64, 2)}))
-    except Exception as error:  # noqa: BLE001 (on a CPU expected: torch's op has CUDA kernels only)
-        why = f"{type(error).__name__}: {str(error)[:300]}"
-        if ctx.gpu:
-            return False, [*lines, f"GQA check against the per-sequence path: FAILED ({why})", "```",
-                           *traceback.format_exc().splitlines()[-8:], "```"], figures
-        return True, [*lines, (f"GQA check against the per-sequence path: not run on the CPU ({why}; torch's op has "
-                               "flash-attention kernels on CUDA only)")], figures
-    figures["varlen_gqa"] = check
-    lines.append(f"GQA check on the {ctx.device.type.upper()}, a packed row of {check['lengths']} tokens, "
-                 f"{check['heads']} query / {check['kv_heads']} key-value heads x {check['head_dim']}, bf16, causal "
-                 f"({check['call']}), against `sequencewise_attention._each_sequence` (one sdpa call per sequence, "
-                 "flash first on a GPU), one random output gradient:")
-    lines += table(["", "max abs(varlen - per-sequence)", "max abs(per-sequence)"],
-                   [(name, f"{check[name][0]:.2e}", f"{check[name][1]:.2e}")
-                    for name in ("output", "grad query", "grad key", "grad value") if name in check])
-    if "backward" in check:
-        lines.append(f"the backward FAILED: {check['backward']}")
-    return "backward" not in check, lines, figures
-
-
-def varlen_against_sequencewise(varlen_attn, device, lengths=(37, 512, 1000, 5, 300), heads=16, kv_heads=8,
-                                head_dim=128) -> dict:
-    """``varlen_attn`` and the per-sequence sdpa loop on one packed GQA row: max |diff| of the output and of the
-    gradients of query, key and value for one random output gradient, beside the loop's largest magnitude. The op's
-    causal keyword (``window_size`` from torch 2.11, ``is_causal`` before) and GQA (``enable_gqa``, else the fewer key
-    heads passed as they are, else repeated) as this torch takes them."""
-    import inspect
-    import types
-
-    import torch
-
-    from evolrl.logprobs import sequencewise_attention as sw
-
-    g = torch.Generator().manual_seed(0)
-    total = sum(lengths)
-    q, k, v = (torch.randn(total, h, head_dim, generator=g).to(device, torch.bfloat16).requires_grad_()
-               for h in (heads, kv_heads, kv_heads))
-    grad = torch.randn(total, heads, head_dim, generator=g).to(device, torch.bfloat16)
-    module = types.SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True, training=False)
-    row = [x.transpose(0, 1)[None] for x in (q, k, v)]  # [1, heads, T, head_dim], as the attention layers hand it
-    loop = sw._each_sequence(module, *row, sw.PackedLengths(list(lengths)), dropout=0.0, scaling=None)[0]
-    params = inspect.signature(varlen_attn).parameters
-    kwargs = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
-    cu = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
-    longest = max(lengths)
-    if "enable_gqa" in params:
-        call = "enable_gqa=True"
-        out = varlen_attn(q, k, v, cu, cu, longest, longest, enable_gqa=True, **kwargs)
-    else:
-        try:
-            call, out = "fewer key-value heads as they are", varlen_attn(q, k, v, cu, cu, longest, longest, **kwargs)
-        except Exception as error:  # noqa: BLE001 (then the heads repeated, and said so)
-            call = f"key-value heads repeated (as they are: {type(error).__name__})"
-            kk, vv = (x.repeat_interleave(heads // kv_heads, dim=1) for x in (k, v))
-            out = varlen_attn(q, kk, vv, cu, cu, longest, longest, **kwargs)
-    out = out[0] if isinstance(out, tuple) else out
-    call += ", " + ", ".join(f"{key}={value}" for key, value in kwargs.items())
-
-    def gap(a, b) -> tuple[float, float]:
-        a, b = a.detach().float(), b.detach().float()
-        return float((a - b).abs().max()), float(b.abs().max())
-
-    found = {"lengths": list(lengths), "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "call": call,
-             "output": gap(out, loop)}
-    try:
-        mine, theirs = torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(loop, (q, k, v), grad)
-    except Exception as error:  # noqa: BLE001 (the forward's gap stands; the backward's failure is reported)
-        return found | {"backward": f"{type(error).__name__}: {str(error)[:300]}"}
-    return found | {f"grad {n}": gap(a, b) for n, a, b in zip(("query", "key", "value"), mine, theirs)}
+    figures["varlen_attn"] = str(inspect.signature(varlen_attn))
+    return True, [*lines, f"`torch.nn.attention.varlen.varlen_attn` exists: `varlen_attn{figures['varlen_attn']}`"
+                  " (its kernels against the per-sequence path: `pytest -m gpu tests/test_varlen.py`)"], figures
 
 
 BENCH = {"paper": ["--paper", "--paths", "packed", "--repeats", "2", "--profile", "10"],
