@@ -110,7 +110,8 @@ def test_plot_dynamics_overlays_two_runs(tmp_path, tiny_model, minilm, monkeypat
     for reward in ("EvolReward", "MajorityVoteReward"):
         main(["fit", "--config", str(tiny_config(tmp_path / reward, tiny_model, steps=3, reward=reward))])
         runs.append(next((tmp_path / reward / "tiny").iterdir()))
-    from tools.commands.plot_dynamics import plot, read_scalars
+    from tools.commands.plot_dynamics import plot
+    from tools.common import read_scalars
 
     out = plot(runs, ["EVOL-RL", "TTRL"], tmp_path / "dynamics.png")
     image = matplotlib.image.imread(out)

@@ -1,5 +1,5 @@
 """What the tools share: the repository root, this process's memory as Linux reports it, this machine's matmul
-rate, a free port for a process group, the report of a failed child process."""
+rate, a free port for a process group, a run's TensorBoard scalars, the report of a failed child process."""
 
 from __future__ import annotations
 
@@ -47,6 +47,22 @@ def matmul_peak(dtype: str, size: int, repeats: int) -> float:
         torch.matmul(a, b)
         times.append(time.perf_counter() - start)
     return 2 * size**3 / min(times)
+
+
+def read_scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """``{tag: [(step, value), ...]}`` from every TensorBoard event file under ``run`` (a later file wins a step)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    series: dict[str, dict[int, float]] = {}
+    files = sorted(run.rglob("events.out.tfevents.*")) if run.is_dir() else [run]
+    if not files:
+        raise FileNotFoundError(f"no TensorBoard event files under {run}")
+    for file in files:
+        events = EventAccumulator(str(file), size_guidance={"scalars": 0})
+        events.Reload()
+        for tag in events.Tags()["scalars"]:
+            series.setdefault(tag, {}).update({e.step: e.value for e in events.Scalars(tag)})
+    return {tag: sorted(points.items()) for tag, points in series.items()}
 
 
 EXCEPTION = re.compile(r"^(\[rank\d+\]:\s*)?([\w.]+(Error|Exception|Interrupt)\b.*)")

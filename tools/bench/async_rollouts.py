@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from tools.common import ROOT, failure_report
+from tools.common import ROOT, failure_report, read_scalars
 
 METRICS = ("step_s", "sample_s", "update_s", "rollout_wait_s", "sampler_idle_s", "pass@1")
 
@@ -50,15 +50,6 @@ def arm_settings(arm: str, a: argparse.Namespace, cores: list[int], log_dir: Pat
     return {"trainer": trainer, "data": data, "model": model}
 
 
-def read_curves(log_dir: Path) -> dict[str, list[float]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    files = sorted(log_dir.rglob("events.out.tfevents.*"))
-    events = EventAccumulator(str(files[0]))
-    events.Reload()
-    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-
-
 def run_arm(arm: str, a: argparse.Namespace, cores: list[int], work: Path, repeat: int) -> dict[str, float]:
     log_dir = work / f"{arm}-{repeat}"
     override = work / f"{arm}-{repeat}.yaml"
@@ -68,7 +59,7 @@ def run_arm(arm: str, a: argparse.Namespace, cores: list[int], work: Path, repea
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     if done.returncode:
         raise SystemExit(f"{arm} run {repeat} failed:\n{failure_report(done.stderr)}")
-    curves = read_curves(log_dir)
+    curves = {tag: [value for _, value in points] for tag, points in read_scalars(log_dir).items()}
     steps = range(1, len(curves["time/step"]))  # the first step warms up
     median = lambda tag: statistics.median(curves[tag][i] for i in steps) if tag in curves else 0.0  # noqa: E731
     pass1 = next((v[-1] for tag, v in curves.items() if tag.startswith("val/") and tag.endswith("pass@1")), float("nan"))

@@ -52,22 +52,17 @@ DENSE_BF16_TFLOPS = {"H200": 989, "H100 PCIe": 756, "H100 NVL": 835, "H100": 989
 the longer names come first); another card's peak is measured."""
 
 
-def write_random_model(shape: str, directory: Path, seed: int = 0, device: str = "cpu") -> Path:
-    """A Qwen3 of the named shape with random weights (transformers' own initialisation), saved in bfloat16 to
-    ``directory`` (once: an existing one is reused). ``device``: where the weights are drawn (a GPU draws a 4B model in
-    seconds, a CPU in minutes)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def write_random_model(shape: str, directory: Path, device: str = "cpu") -> Path:
+    """A Qwen3 of the named shape with random weights (``gpu_check``'s ``runs.random_qwen3``), saved in bfloat16 to
+    ``directory`` once (an existing one is reused)."""
+    from tools.commands.gpu_check.runs import random_qwen3
 
     if (directory / "config.json").exists():
         return directory
     if shape not in QWEN3:
         raise SystemExit(f"unknown shape {shape!r}: one of {', '.join(QWEN3)}")
-    config = Qwen3Config(**QWEN3_COMMON, **QWEN3[shape])
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = Qwen3ForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(directory)
-    return directory
+    fields = {**QWEN3_COMMON, **QWEN3[shape]}
+    return random_qwen3(directory, fields, vocab=fields.pop("vocab_size"), device=device)
 
 
 def covered(intervals: Iterable[tuple[float, float]]) -> float:

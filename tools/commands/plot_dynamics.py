@@ -26,7 +26,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tools.common import read_scalars
 
 PANELS = (
     ("val/{eval_set}/pass@1", "pass@1 on {eval_set}", "pass@1"),
@@ -37,20 +38,6 @@ PANELS = (
     ("train/novelty_mean", "novelty (u, before the in-group scaling)", "mean over valid responses"),
 )
 """(tag, title, unit); the pass@k panel only with ``pass_k``, a training curve only where a run logged it."""
-
-
-def read_scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
-    """``{tag: [(step, value), ...]}`` from every event file under ``run``."""
-    series: dict[str, dict[int, float]] = {}
-    files = sorted(run.rglob("events.out.tfevents.*")) if run.is_dir() else [run]
-    if not files:
-        raise FileNotFoundError(f"no TensorBoard event files under {run}")
-    for file in files:
-        events = EventAccumulator(str(file), size_guidance={"scalars": 0})
-        events.Reload()
-        for tag in events.Tags()["scalars"]:
-            series.setdefault(tag, {}).update({e.step: e.value for e in events.Scalars(tag)})
-    return {tag: sorted(points.items()) for tag, points in series.items()}
 
 
 def find_eval_set(runs: list[dict[str, list]], wanted: str | None) -> str | None:

