@@ -314,7 +314,9 @@ def test_kill_9_and_resume_gives_the_weights_and_the_teacher_of_an_uninterrupted
 
 
 def test_gpu_budget_counts_the_teacher_a_weights_copy_without_lora_and_the_adapters_with():
-    from tools.commands.gpu_budget import GIB, QWEN3_1_7B, budget
+    from tools.commands.gpu_budget import GIB, QWEN3, QWEN3_COMMON, budget, from_config
+
+    QWEN3_1_7B = from_config(QWEN3_COMMON | QWEN3["qwen3-1.7b"])
 
     def teacher_row(**kwargs) -> tuple:
         rows = budget(QWEN3_1_7B, 1, 80.0, 0.4, 64, 1024, 1024, None, 32768, 8, teacher=True, **kwargs)

@@ -17,7 +17,7 @@ from tools.bench import gpu_update
 
 ROOT = Path(__file__).parent.parent
 HEADING = re.compile(r"^## (\d)\. ([a-z0-9-]+): (ok|FAILED|TIMED OUT|skipped) \(\d+ s\)$", re.MULTILINE)
-OPENING = re.compile(r"^`python -m tools\.bench\.gpu_update [^`]+` \| CPU mode: .+ \| (commit \w+.*|no git checkout) \| "
+OPENING = re.compile(r"^`python -m tools\.bench\.gpu_update [^`]+` \| CPU mode: .+ \| commit \S+ \| "
                      r"\d{4}-\d\d-\d\d \d\d:\d\d UTC$")
 
 

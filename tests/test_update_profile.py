@@ -35,7 +35,7 @@ def test_named_shapes_are_qwen3s_published_sizes(tmp_path, monkeypatch):
     one written with random weights loads as the policy (the smallest, shrunk to 2 layers to keep it quick)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from tools.bench.update_profile import QWEN3_COMMON
+    from tools.commands.gpu_budget import QWEN3_COMMON
 
     published = {"qwen3-0.6b": 0.6e9, "qwen3-1.7b": 1.7e9, "qwen3-4b": 4.0e9, "qwen3-8b": 8.2e9}
     for name, fields in QWEN3.items():

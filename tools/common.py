@@ -1,15 +1,28 @@
-"""What the tools share: the repository root, this process's memory as Linux reports it, this machine's matmul
+"""What the tools share: the repository root and its commit, this process's memory as Linux reports it, this machine's matmul
 rate, a free port for a process group, a run's TensorBoard scalars, the report of a failed child process."""
 
 from __future__ import annotations
 
 import re
 import socket
+import subprocess
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 """The repository root: the working directory of ``python -m tools....`` children, so that ``tools`` imports."""
+
+
+def commit() -> str:
+    """The checkout's commit, ``+changes`` when tracked files differ from it (what a run or report was made with);
+    ``unknown`` outside a git checkout."""
+    try:
+        head, dirty = (subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                                      check=True).stdout.strip()
+                       for args in (["rev-parse", "--short", "HEAD"], ["status", "--porcelain", "--untracked-files=no"]))
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
 
 
 def status_mib(field: str = "VmRSS") -> float:

@@ -63,7 +63,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from tools.common import ROOT, failure_report
+from tools.common import ROOT, commit, failure_report
 
 FAIL = "EVOLRL_GPU_UPDATE_FAIL"
 LEAST = 20
@@ -157,7 +157,7 @@ def versions(ctx: Context) -> tuple[bool, list[str], dict]:
     rows = [("python", platform.python_version()), ("torch", f"{torch.__version__} (CUDA {torch.version.cuda})"),
             ("device", env.device_line() if ctx.gpu else env.cpu_line()),
             *((name, env.version(name) or "missing") for name in ("transformers", "lightning", "triton")),
-            ("evolrl", env.commit())]
+            ("evolrl", "commit " + commit())]
     figures = {name: value for name, value in rows}
     lines = table(["package", "version"], rows)
     try:
@@ -502,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = datetime.datetime.now(datetime.timezone.utc)
     header = {"command": "python -m tools.bench.gpu_update " + shlex.join(argv), "machine": machine(gpu),
-              "commit": env.commit(), "started": f"{started:%Y-%m-%d %H:%M} UTC", "sections": []}
+              "commit": "commit " + commit(), "started": f"{started:%Y-%m-%d %H:%M} UTC", "sections": []}
     report, data = a.out / "report.md", a.out / "report.json"
     try:
         runs_so_far = json.loads(data.read_text())["runs"] if data.exists() else []

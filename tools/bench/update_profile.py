@@ -23,24 +23,11 @@ from pathlib import Path
 import torch
 
 from tools.commands.gpu_budget import budget as memory_budget
-from tools.commands.gpu_budget import from_config
+from tools.commands.gpu_budget import QWEN3, QWEN3_COMMON, from_config
 from tools.common import matmul_peak
 
 GIB = 2**30
 
-QWEN3_COMMON = {"vocab_size": 151936, "head_dim": 128, "num_key_value_heads": 8, "max_position_embeddings": 40960,
-                "rope_theta": 1000000.0, "rms_norm_eps": 1e-6}
-QWEN3 = {
-    "qwen3-0.6b": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
-                   "tie_word_embeddings": True},
-    "qwen3-1.7b": {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,
-                   "tie_word_embeddings": True},
-    "qwen3-4b": {"hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36, "num_attention_heads": 32,
-                 "tie_word_embeddings": True},
-    "qwen3-8b": {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
-                 "tie_word_embeddings": False},
-}
-"""Name -> the fields of Qwen/Qwen3-<size>'s config.json that differ between sizes (the rest: ``QWEN3_COMMON``)."""
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
             "cudaLaunchCooperativeKernel",
             "cudaGraphLaunch")

@@ -58,20 +58,27 @@ class Shape:
         return rank * per_layer * self.layers
 
 
-QWEN3_4B = Shape(params=4.02e9, hidden=2560, layers=36, kv_heads=8, head_dim=128, intermediate=9728, vocab=151936,
-                 heads=32)
-"""Qwen3-4B-Base's published config.json (the policy); Qwen3-Embedding-4B has the same decoder shape."""
-QWEN3_1_7B = Shape(params=1.72e9, hidden=2048, layers=28, kv_heads=8, head_dim=128, intermediate=6144, vocab=151936,
-                   heads=16)
-"""Qwen3-1.7B-Base's published config.json (tied embeddings)."""
-QWEN3_8B = Shape(params=8.19e9, hidden=4096, layers=36, kv_heads=8, head_dim=128, intermediate=12288, vocab=151936,
-                 heads=32)
-"""Qwen3-8B-Base's published config.json."""
+QWEN3_COMMON = {"vocab_size": 151936, "head_dim": 128, "num_key_value_heads": 8, "max_position_embeddings": 40960,
+                "rope_theta": 1000000.0, "rms_norm_eps": 1e-6}
+QWEN3 = {
+    "qwen3-0.6b": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+                   "tie_word_embeddings": True},
+    "qwen3-1.7b": {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,
+                   "tie_word_embeddings": True},
+    "qwen3-4b": {"hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36, "num_attention_heads": 32,
+                 "tie_word_embeddings": True},
+    "qwen3-8b": {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+                 "tie_word_embeddings": False},
+}
+"""Name -> the fields of Qwen/Qwen3-<size>'s config.json that differ between sizes (the rest: ``QWEN3_COMMON``)."""
 
 
-def from_config(path: str) -> Shape:
-    with open(path) as file:
-        cfg = json.load(file)
+def from_config(path_or_fields: str | dict) -> Shape:
+    """The shape of a Hugging Face config.json (a path), or of its fields."""
+    cfg = path_or_fields
+    if isinstance(cfg, str):
+        with open(cfg) as file:
+            cfg = json.load(file)
     heads = cfg["num_attention_heads"]
     hidden = cfg["hidden_size"]
     layers = cfg["num_hidden_layers"]
@@ -234,7 +241,7 @@ def main() -> None:
     parser.add_argument("--sleep-residual-gib", type=float, default=1.0,
                         help="what a sleeping engine keeps on the GPU (CUDA context, buffers; an assumption)")
     args = parser.parse_args()
-    shape = from_config(args.config) if args.config else {"4b": QWEN3_4B, "1.7b": QWEN3_1_7B, "8b": QWEN3_8B}[args.shape]
+    shape = from_config(args.config or QWEN3_COMMON | QWEN3[f"qwen3-{args.shape}"])
     rows = budget(shape, args.gpus, gpu_gib=args.gpu_gib, vllm_fraction=args.vllm_fraction, samples=args.samples,
                   prompt=args.prompt, new=args.new, micro=args.micro, max_tokens=args.max_tokens,
                   embed_batch=args.embed_batch, adamw=not args.sgd,

@@ -56,8 +56,7 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tools.commands.plot_dynamics import plot
-from tools.common import read_scalars
-from tools.common import ROOT
+from tools.common import ROOT, commit, read_scalars
 from tools.study.probe import REASONING, SAMPLINGS, probe
 
 BASE = ["configs/demo.yaml", "configs/study.yaml"]
@@ -146,14 +145,6 @@ def run_overlay(out: Path, method: str, seed: int, smoke: bool, steps: int | Non
 def run_configs(task: str, method: str) -> list[str]:
     """The configs a run of ``method`` on ``task`` composes, before its seed overlay."""
     return BASE + TASKS[task] + METHODS[method][1]
-
-
-def commit() -> str:
-    """The checkout's commit, ``+changes`` when tracked files differ from it (what a run was made with)."""
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True, check=False)
-    return (head.stdout.strip() or "unknown") + ("+changes" if dirty.stdout.strip() else "")
 
 
 STARTED = "%Y-%m-%d %H:%M:%S"

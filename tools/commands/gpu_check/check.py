@@ -54,6 +54,7 @@ warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' renam
 import torch
 
 from tools.commands.gpu_check import env, probes, runs
+from tools.common import commit
 
 SECTIONS = ("environment", "gpu-tests", "fit", "kl", "vllm", "lora")
 KL_RATIO, KL_FLOOR = 1.5, 0.005
@@ -84,7 +85,7 @@ def environment(check: Check) -> tuple[bool, list[str]]:
     device = env.device_line() if check.gpu else "cpu (--cpu)" if torch.cuda.is_available() else "cpu (no CUDA)"
     rows, missing = env.packages()
     rows = [("python", platform.python_version()), ("torch", f"{torch.__version__} (CUDA {torch.version.cuda})"),
-            ("device", device), *rows, ("evolrl", f"{env.version('evolrl')} at {env.commit()}")]
+            ("device", device), *rows, ("evolrl", f"{env.version('evolrl')} at commit {commit()}")]
     equivalent = answers_equivalent(r"\frac12", "0.5")  # math-verify through its LaTeX parser (antlr4)
     lines = [*table(["package", "version"], rows), f"math-verify: `\\frac12` equals `0.5`: {equivalent}"]
     if missing:
@@ -257,10 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     check, start = Check(gpu, a.quick, work=work, timeout=a.timeout), time.perf_counter()
     mode = ("GPU" if gpu else "CPU") + (", quick" if a.quick else "")
-    print(f"# evolrl GPU check ({mode}): {env.device_line() if gpu else env.cpu_line()}, {env.commit()}, "
+    print(f"# evolrl GPU check ({mode}): {env.device_line() if gpu else env.cpu_line()}, commit {commit()}, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n", flush=True)
     report, statuses = [], {}
-    header = f"# evolrl GPU check ({mode}), {env.commit()}\n"
+    header = f"# evolrl GPU check ({mode}), commit {commit()}\n"
     for number, name in enumerate(SECTIONS, 1):
         if name in chosen:
             statuses[name], lines = run_section(number, name, check)

@@ -6,12 +6,10 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-import subprocess
 from pathlib import Path
 
 import torch
 
-from tools.common import ROOT
 
 PACKAGES = ("transformers", "lightning", "vllm", "math-verify", "latex2sympy2_extended", "antlr4-python3-runtime",
             "jsonargparse", "docstring_parser", "typeshed_client", "datasets", "dill", "multiprocess",
@@ -82,14 +80,3 @@ def version(name: str) -> str | None:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def commit() -> str:
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "no git checkout"
-    return f"commit {head}" + (" (with local changes)" if dirty else "")
