@@ -11,10 +11,17 @@ import pytest
 import torch
 
 from tools.commands.gpu_check import check as gpu_check
-from tools.commands.gpu_check import probes as gpu_check_probes
 
 pytestmark = pytest.mark.slow  # each builds and runs a model, the fit test starts the CLI: ~15 s apiece on 2 cores
 HEADING = re.compile(r"^## (\d)\. ([a-z-]+): (ok|FAILED|skipped) \(\d+ s\)$", re.MULTILINE)
+
+
+def keep_buffers_fp32(policy):
+    """A reference with only its parameters in bfloat16 (the buffers, rotary frequencies among them, float32)."""
+    reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    for p in reference.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    return reference
 
 
 @pytest.fixture
@@ -49,7 +56,7 @@ def test_kl_section_fails_bf16_rotary_buffers_and_passes_fp32_ones(check):
     bf16_buffers = gpu_check.run_section(4, "kl", check=check, section=lambda c: gpu_check.kl(
         c, reference=lambda policy: copy.deepcopy(policy).to(torch.bfloat16)))
     fp32_buffers = gpu_check.run_section(4, "kl", check=check, section=lambda c: gpu_check.kl(
-        c, reference=gpu_check_probes.keep_buffers_fp32))
+        c, reference=keep_buffers_fp32))
     assert bf16_buffers[0] == "FAILED" and "rotary buffers torch.bfloat16" in "\n".join(bf16_buffers[1])
     assert fp32_buffers[0] == "ok" and "rotary buffers torch.float32" in "\n".join(fp32_buffers[1])
     assert HEADING.match(bf16_buffers[1][0]) and HEADING.match(fp32_buffers[1][0])

@@ -73,23 +73,17 @@ def test_every_tool_says_what_it_is_for():
         assert len(purpose.split()) == 8 and purpose in " ".join(out.split()), (module, purpose, out[:500])
 
 
-def code_lines(root: Path) -> int:
-    """Lines of Python under ``root`` that are code: not blank, not comments, not docstrings or other bare strings."""
-    total = 0
-    for path in root.rglob("*.py"):
-        source = path.read_text()
-        strings = set()
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-                strings.update(range(node.lineno, node.end_lineno + 1))
-        total += sum(1 for number, line in enumerate(source.splitlines(), 1)
-                     if line.strip() and not line.lstrip().startswith("#") and number not in strings)
-    return total
+def python_lines(root: Path) -> int:
+    """Lines of the Python files under ``root``, as ``wc -l`` counts them."""
+    return sum(len(path.read_text().splitlines()) for path in root.rglob("*.py"))
 
 
 def test_tools_are_at_most_a_quarter_of_the_code():
-    package, tools = code_lines(ROOT / "evolrl"), code_lines(ROOT / "tools")
-    assert tools <= 0.25 * (package + tools), f"tools/ holds {tools} of {package + tools} code lines"
+    """The non-test code is the package and the tools; tests/ holds the test harnesses (``fsdp_ranks.py``)."""
+    package, tools = python_lines(ROOT / "evolrl"), python_lines(ROOT / "tools")
+    assert tools <= 0.25 * (package + tools), (
+        f"tools/ holds {tools} of {package + tools} lines ({tools / (package + tools):.1%}): retire a one-off "
+        "measurement whose result the docs hold, or fold a repeated piece into tools/common.py")
 
 
 def package_functions_used_only_outside() -> list[str]:

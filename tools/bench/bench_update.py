@@ -42,9 +42,7 @@ after a warm-up update on a draw of its own (seed ``--seed`` - 1: AdamW state al
 and its pages touched, as in any training step after the first), ``--repeats`` updates, each on its own draw of
 lengths from the distribution (seeds ``--seed``, ``--seed`` + 1, ...; new shapes every time, as in training, so
 kernel selection for a new shape is part of it), their median, with tokens/s and FLOP/s over all of them; under the
-allocator as the trainer sets it on a CPU (``--allocator
-trainer``, ``evolrl/logprobs/allocator.py``: freed buffers kept for reuse) or glibc's default (``--allocator
-default``). Peak memory, from the other process: VmHWM during that update (reset just before it through
+allocator as the trainer sets it on a CPU (``evolrl/logprobs/allocator.py``: freed buffers kept for reuse). Peak memory, from the other process: VmHWM during that update (reset just before it through
 /proc/self/clear_refs), after a warm-up update on two short sequences (prompt + 16 tokens: AdamW state allocated),
 as is ("abs") and minus the resident set just before it ("update"), with
 MALLOC_MMAP_THRESHOLD_=1MiB so that freed tensors leave the resident set and the peak is that of live tensors,
@@ -177,7 +175,7 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
 
         keep_freed_memory()
     packed = path == "packed"
-    mesh = one_device_mesh() if cuda else None
+    mesh = one_process_mesh() if cuda else None
     policy, reference = build_models(model, Dtypes.resolve(precision, "float32"), with_reference=kl_coef > 0,
                                      mesh=mesh, device=torch.device(device),
                                      gradient_checkpointing=gradient_checkpointing, packed=packed, compiled=compiled,
@@ -254,15 +252,16 @@ def traced_graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def one_device_mesh():
-    """A process group of this one process (NCCL) and a device mesh over its GPU: FSDP2 as a run of one GPU under
-    ``ModelParallelStrategy`` has it."""
+def one_process_mesh(gpu: bool = True):
+    """A process group of this one process and a device mesh over its device: FSDP2 as a one-GPU run under
+    ``ModelParallelStrategy`` has it (NCCL), or the same over gloo on a CPU."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     if not dist.is_initialized():
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    return init_device_mesh("cuda", (1,), mesh_dim_names=("data_parallel",))
+        dist.init_process_group("nccl" if gpu else "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                                world_size=1)
+    return init_device_mesh("cuda" if gpu else "cpu", (1,), mesh_dim_names=("data_parallel",))
 
 
 def block_matmul_rate(policy, tokens: int, dtype) -> float:
@@ -288,14 +287,14 @@ def block_matmul_rate(policy, tokens: int, dtype) -> float:
 
 def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str,
             warmup: list[int] | None = None) -> dict:
-    """Over ``draws``, after an update on ``warmup``: the median update time under ``a.allocator``, tokens/s and FLOP/s
+    """Over ``draws``, after an update on ``warmup``: the median update time, tokens/s and FLOP/s
     over all of them; the first draw's peak memory of live tensors, passes and padding, on a CPU from a second process
     (the resident set's peak there counts freed memory the timing's allocator keeps), on a GPU from the timed process
     (CUDA's allocated peak counts live tensors only; one process compiles once, where compiling a large shape takes
     minutes)."""
     case = {"model": model, "path": path} | {k: getattr(a, k) for k in CASE}
     runs = {}
-    processes = (("time", a.allocator, {}, draws),
+    processes = (("time", "trainer", {}, draws),
                  ("memory", "live", {"MALLOC_MMAP_THRESHOLD_": str(2**20)}, draws[:1]))
     for purpose, allocator, env, its in processes[:1] if a.device == "cuda" else processes:
         timing = purpose == "time"  # the memory process measures its peak only
@@ -378,8 +377,6 @@ def main() -> None:
     p.add_argument("--kl-coef", type=float, default=0.001, help="0: no reference model, no reference pass")
     p.add_argument("--chunk", type=int, default=1024, help="logprob_chunk_size")
     p.add_argument("--threads", type=int, default=os.cpu_count())
-    p.add_argument("--allocator", default="trainer", choices=["trainer", "default"],
-                   help="the timed process: freed buffers kept as the trainer does on a CPU, or glibc's default")
     p.add_argument("--peak-size", type=int, default=2048, help="side of the square matmuls of the peak")
     p.add_argument("--peak-repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
@@ -438,7 +435,7 @@ def main() -> None:
           f"packed: budget {a.budget} tokens; prompt {a.prompt} tokens; {a.precision}, gradient checkpointing "
           f"{checkpointing(a.gradient_checkpointing)}, kl_coef {a.kl_coef} "
           f"({'with' if a.kl_coef > 0 else 'no'} reference pass), entropy_coef {a.entropy_coef}, temperature "
-          f"{a.temperature}; {'compiled blocks, ' if a.compiled else ''}{'flex attention, ' if a.flex else ''}{a.threads} threads, allocator {a.allocator}; "
+          f"{a.temperature}; {'compiled blocks, ' if a.compiled else ''}{'flex attention, ' if a.flex else ''}{a.threads} threads; "
           + (f"per case one fresh process (time: median of {a.repeats} updates on their own draws, after a warm-up "
              "update on another; peak: CUDA's allocated peak of the first draw)" if a.device == "cuda" else
              f"per case two fresh processes (time: median of {a.repeats} updates on their own draws, after a warm-up "

@@ -22,7 +22,7 @@ in all; where one command may run 600 s at most, pass ``--deadline`` or run two 
    the ratio exp(logp - old_logp) over mini-batch 2's scored tokens, its training pass against the no-grad pass that
    gave the old log-probs (1 up to kernel noise), and the clip fractions the update reports (means over the two
    mini-batches; mini-batch 1's are 0 by construction).
-5. kl [50 s]: ``gpu_check``'s KL probe at identical weights (``probes.kl_at_positions``: one 12,288-token sequence,
+5. kl [50 s]: ``gpu_check``'s KL probe at identical weights (``check.kl_at_positions``: one 12,288-token sequence,
    its gap per band of positions, k3 KL) through the single-process build and through FSDP2 over a one-process mesh.
 6. paper-compiled [240 s]: section 2 with ``--compile --repeats 1 --checkpoint-every 3 --chunk 2048``: every 3rd layer
    checkpointed, what ``gpu_budget --gpus 1 --no-vllm --no-embedder --shape 1.7b --gpu-gib 79`` fits to an 80 GB card,
@@ -63,6 +63,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from tools.bench import bench_update
+from tools.commands.gpu_check import check
 from tools.common import ROOT, commit, failure_report
 
 FAIL = "EVOLRL_GPU_UPDATE_FAIL"
@@ -125,26 +127,8 @@ class Context:
         return directory
 
 
-def one_process_mesh(gpu: bool):
-    """FSDP2's mesh of a one-GPU ``ModelParallelStrategy`` run (``bench_update.one_device_mesh``, NCCL); on a CPU the
-    same over a one-process gloo group."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from tools.bench.bench_update import one_device_mesh
-    from tools.common import free_port
-
-    if gpu:
-        return one_device_mesh()
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    return init_device_mesh("cpu", (1,), mesh_dim_names=("data_parallel",))
-
-
 def table(head: list[str], rows: list) -> list[str]:
-    from tools.commands.gpu_check.check import table as gpu_check_table
-
-    return ["", *gpu_check_table(head, rows), ""]
+    return ["", *check.table(head, rows), ""]
 
 
 def versions(ctx: Context) -> tuple[bool, list[str], dict]:
@@ -289,7 +273,7 @@ def lr0(ctx: Context) -> tuple[bool, list[str], dict]:
 
     device = ctx.device
     policy, reference = build_models(str(model), Dtypes.resolve("bf16-mixed", "float32"), with_reference=True,
-                                     mesh=one_process_mesh(ctx.gpu), device=device, gradient_checkpointing=True,
+                                     mesh=bench_update.one_process_mesh(ctx.gpu), device=device, gradient_checkpointing=True,
                                      packed=True)
     loss = GRPOLoss(kl_coef=0.001, entropy_coef=0.003)
     batching = Batching(mini_batch_size=run["mini_batch"], micro_batch_size=1,
@@ -338,13 +322,12 @@ def kl(ctx: Context) -> tuple[bool, list[str], dict]:
     from unittest import mock
 
     from evolrl.training import build
-    from tools.commands.gpu_check import probes
-    from tools.commands.gpu_check.check import KL_FLOOR, KL_RATIO
+    from tools.commands.gpu_check.check import KL_FLOOR, KL_RATIO, kl_at_positions
 
     size = ctx.size["kl"]
     model = ctx.model("kl", size, init=0.1)  # as gpu_check's kl section draws it
-    single = probes.kl_at_positions(model, size["length"], bands=size["bands"], device=ctx.device)
-    mesh, built, build_models = one_process_mesh(ctx.gpu), [], build.build_models
+    single = kl_at_positions(model, size["length"], bands=size["bands"], device=ctx.device)
+    mesh, built, build_models = bench_update.one_process_mesh(ctx.gpu), [], build.build_models
 
     def sharded_build(*args, **kwargs):
         models = build_models(*args, mesh=mesh, device=ctx.device, **kwargs)
@@ -352,7 +335,7 @@ def kl(ctx: Context) -> tuple[bool, list[str], dict]:
         return models
 
     with mock.patch.object(build, "build_models", sharded_build):
-        sharded = probes.kl_at_positions(model, size["length"], bands=size["bands"], device=ctx.device)
+        sharded = kl_at_positions(model, size["length"], bands=size["bands"], device=ctx.device)
     good = len(built) == 2 and all(name.startswith("FSDP") for name in built)  # the patch took: both sharded
     rows, fsdp = [], f"FSDP2, one-process mesh (policy {built[0]}, reference {built[-1]})" if built else "FSDP2: not built"
     for path, out in (("single process", single), (fsdp, sharded)):
@@ -366,7 +349,7 @@ def kl(ctx: Context) -> tuple[bool, list[str], dict]:
                    f"{shape['num_hidden_layers']}-layer Qwen3 shape (vocab {size['vocab']:,}, random weights), policy "
                    "and reference from `build_models` (bf16-mixed, reference_dtype bfloat16), at identical weights"),
                   *table(["path", "k3 KL", *bands, "rotary buffers"], rows),
-                  (f"(gpu_check's `probes.kl_at_positions`; FAILED when the last band's gap is above {KL_RATIO}x the "
+                  (f"(gpu_check's `kl_at_positions`; FAILED when the last band's gap is above {KL_RATIO}x the "
                    f"first's and above {KL_FLOOR})")], {"single": single, "fsdp2": sharded}
 
 

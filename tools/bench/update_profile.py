@@ -22,11 +22,8 @@ from pathlib import Path
 
 import torch
 
-from tools.commands.gpu_budget import budget as memory_budget
 from tools.commands.gpu_budget import QWEN3, QWEN3_COMMON, from_config
-from tools.common import matmul_peak
-
-GIB = 2**30
+from tools.commands.gpu_budget import budget as memory_budget
 
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
             "cudaLaunchCooperativeKernel",
@@ -179,28 +176,21 @@ def summary_lines(profiled: dict, top: int) -> list[str]:
 
 
 def card_peak(device: torch.device) -> tuple[float, str]:
-    """``(FLOP/s, where from)``: the card's published dense bf16 peak, else (on a CPU) the faster of a measured bf16
-    and float32 matmul's rates."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for part, tflops in DENSE_BF16_TFLOPS.items():
-            if part in name:
-                return tflops * 1e12, f"{name}: {tflops} TFLOP/s dense bf16, published"
-        a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-        for _ in range(3):
-            a @ a
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(10):
-            a @ a
-        torch.cuda.synchronize()
-        rate = 10 * 2 * 8192**3 / (time.perf_counter() - start)
-        return rate, f"{name}: not in the table, measured 8192^3 bf16 matmul {rate / 1e12:.0f} TFLOP/s"
-    # Small matmuls: a CPU without native bf16 runs them at ~1 GFLOP/s, so the peak is the faster dtype's.
-    rates = {dtype: matmul_peak(dtype, 512, 3) for dtype in ("bfloat16", "float32")}
-    best = max(rates, key=rates.get)
-    measured = ", ".join(f"{dtype} {rate / 1e9:.2f}" for dtype, rate in rates.items())
-    return rates[best], f"this CPU's best 512^3 matmul ({best}; measured GFLOP/s: {measured})"
+    """``(FLOP/s, where from)``: the card's published dense bf16 peak, else a measured bf16 matmul's rate."""
+    name = torch.cuda.get_device_name(device)
+    for part, tflops in DENSE_BF16_TFLOPS.items():
+        if part in name:
+            return tflops * 1e12, f"{name}: {tflops} TFLOP/s dense bf16, published"
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ a
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(10):
+        a @ a
+    torch.cuda.synchronize()
+    rate = 10 * 2 * 8192**3 / (time.perf_counter() - start)
+    return rate, f"{name}: not in the table, measured 8192^3 bf16 matmul {rate / 1e12:.0f} TFLOP/s"
 
 
 def estimated_update_gib(model_dir: Path, budget_tokens: int, adamw: bool = True, checkpoint_every: int = 1,

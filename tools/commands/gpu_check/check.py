@@ -17,7 +17,7 @@ Sections, each ``ok``, ``FAILED`` (with what failed) or ``skipped`` (with why):
    (``runs.py``): HFEngine, sanity validation, packed passes, gradient checkpointing, KL, TTRL's reward, a
    checkpoint, then resumed from it; with ``strategy: auto`` and with ``evolrl.distributed.ModelParallelStrategy``
    on one device.
-4. kl: the KL reference at identical weights, per band of positions (``probes.py``).
+4. kl: the KL reference at identical weights, per band of positions (``kl_at_positions``).
 5. vllm: the fit of 3 through ``VLLMEngine`` (the first weight push comes after sanity validation), and the
    sampler/trainer gap (``tools.commands.mismatch_gap``); skipped without vLLM.
 6. lora: the fit of 3 with LoRA adapters (``model.lora``) at Qwen3-4B's shape with random weights (a small shape on
@@ -53,7 +53,8 @@ warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' renam
 
 import torch
 
-from tools.commands.gpu_check import env, probes, runs
+from tools.bench.bench_update import make_sequences
+from tools.commands.gpu_check import env, runs
 from tools.common import commit
 
 SECTIONS = ("environment", "gpu-tests", "fit", "kl", "vllm", "lora")
@@ -91,6 +92,30 @@ def environment(check: Check) -> tuple[bool, list[str]]:
     if missing:
         lines.append("missing: " + ", ".join(missing) + " (docs/gpu.md: bringing the wheels to an offline image)")
     return not missing and equivalent, lines
+
+
+def kl_at_positions(model_dir: Path, length: int, bands: list[tuple[int, int]], device: torch.device,
+                    reference=None) -> dict:
+    """Mean |log p_policy - log p_reference| per band of positions, k3 KL per band and overall, and the reference's
+    rotary dtype, at identical weights: the policy and its reference as ``build_models`` makes them for a ``bf16-mixed``
+    run (or ``reference``, a function of the policy), both scored under bf16 autocast as the update scores them over
+    one sequence of random tokens. Any difference is numerics; one that grows with position is rotary angles computed
+    from rounded frequencies."""
+    from evolrl.algorithms import low_var_kl
+    from evolrl.logprobs.forward import sequence_logprobs
+    from evolrl.training.build import Dtypes, build_models
+
+    policy, built = build_models(str(model_dir), Dtypes.resolve("bf16-mixed", "float32"), with_reference=True)
+    ref = (reference(policy) if reference is not None else built).to(device)
+    policy = policy.to(device).eval()
+    seqs = make_sequences([length], 1, policy.config.vocab_size, seed=0).to(device)  # every position scored
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+        mine = sequence_logprobs(policy, seqs, temperature=1.0, chunk_size=1024)[0][0].float()
+        theirs = sequence_logprobs(ref, seqs, temperature=1.0, chunk_size=1024)[0][0].float()
+    gap, k3 = (mine - theirs).abs(), low_var_kl(mine, theirs)
+    rotary = {str(b.dtype) for name, b in ref.named_buffers() if "inv_freq" in name}
+    return {"bands": [(lo, hi, float(gap[lo:hi].mean()), float(k3[lo:hi].mean())) for lo, hi in bands],
+            "k3": float(k3.mean()), "rotary": ", ".join(sorted(rotary)) or "none", "mean_logp": float(mine.mean())}
 
 
 def gpu_tests(check: Check) -> tuple[bool, list[str]]:
@@ -152,7 +177,7 @@ def kl(check: Check, reference=None) -> tuple[bool, list[str]]:
     model = check.work / "kl-model"
     if not model.exists():
         runs.random_qwen3(model, size["shape"], vocab=size["vocab"], init=0.1, device=check.device.type)
-    out = probes.kl_at_positions(model, size["length"], bands=size["bands"], device=check.device, reference=reference)
+    out = kl_at_positions(model, size["length"], bands=size["bands"], device=check.device, reference=reference)
     rows = [(f"{lo:,}-{hi - 1:,}", f"{gap:.4f}", f"{k3:.2e}") for lo, hi, gap, k3 in out["bands"]]
     first, last = out["bands"][0][2], out["bands"][-1][2]
     good = not (last > KL_RATIO * first and last > KL_FLOOR)
