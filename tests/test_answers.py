@@ -97,11 +97,11 @@ def test_unknown_validity_rule_is_a_clear_error():
     ],
 )
 def test_extract_choice(text, expected):
-    assert extract_choice(text) == expected
+    assert extract_choice(text, "ABCD", text_fallback=True) == expected
 
 
 def test_choice_text_fallback_can_be_switched_off():
-    assert extract_choice("The answer is (C).", text_fallback=False) is None
+    assert extract_choice("The answer is (C).", "ABCD", text_fallback=False) is None
 
 
 # Responses from docs/study.md (TensorBoard's text tab of the first study), and the constructed hijack.

@@ -173,7 +173,7 @@ _CHOICE_IN_TEXT = re.compile(r"answer\s*(?:is|:)?\s*:?\s*\(?\b([A-Z])\b\)?", re.
 _TEXT_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\{([^{}]*)\}")
 
 
-def extract_choice(text: str, choices: str = "ABCD", text_fallback: bool = True) -> str | None:
+def extract_choice(text: str, choices: str, text_fallback: bool) -> str | None:
     """A multiple-choice letter (GPQA style), upper-cased, or ``None``.
 
     Taken from the last box (``\\boxed{B}``, ``\\boxed{(b)}``, ``\\boxed{\\text{C. 42}}``). Without a

@@ -86,8 +86,8 @@ def main(argv: list[str]) -> None:
                                            "a sharded checkpoint from a run on several devices)")
     parser.add_argument("out_dir", help="directory to write")
     parser.add_argument("--model", help="base model string (default: the checkpoint's own)")
-    parser.add_argument("--dtype", default="bfloat16", help="dtype of the saved weights (default: bfloat16)")
+    parser.add_argument("--dtype", help="dtype of the saved weights (default: bfloat16)")
     parser.add_argument("--adapter-dir", help="a LoRA checkpoint: also write its adapter, in peft's format, here")
     args = parser.parse_args(argv)
-    print(export_checkpoint(args.checkpoint, args.out_dir, model=args.model, dtype=args.dtype,
-                            adapter_dir=args.adapter_dir))
+    dtype = {"dtype": args.dtype} if args.dtype else {}  # export_checkpoint's own default otherwise
+    print(export_checkpoint(args.checkpoint, args.out_dir, model=args.model, adapter_dir=args.adapter_dir, **dtype))

@@ -1,1 +1,2 @@
-"""Commands for users: ``gpu_check``, ``gpu_budget``, ``plot_dynamics``, ``mismatch_gap``."""
+"""Commands for users: ``prepare_data``, ``gpu_check``, ``gpu_budget``, ``plot_dynamics``, ``mismatch_gap``,
+``grace_period``."""
