@@ -26,7 +26,7 @@ from math import comb
 
 import numpy as np
 
-from evolrl.rewards.voting import group_answers
+from evolrl.rewards.voting import class_counts, group_answers
 
 
 def _classes(answers: Sequence[str | None], correct: Sequence[bool]) -> tuple[list[int | None], list[bool]]:
@@ -64,7 +64,7 @@ def maj_at_k(answers: Sequence[str | None], correct: Sequence[bool], k: int) -> 
     if not 1 <= k <= n:
         raise ValueError(f"need 1 <= k <= n, got n={n}, k={k}")
     classes, class_correct = _classes(answers, correct)
-    sizes = Counter(c for c in classes if c is not None)  # class -> size
+    sizes = class_counts(classes)  # class -> size
     n_none = n - sum(sizes.values())
     size_mult = Counter(sizes.values())  # size -> number of classes of that size
     correct_of_size = Counter(sizes[c] for c in sizes if class_correct[c])
