@@ -38,8 +38,9 @@ its result row first keeps that row and its figures) or ``skipped`` (why). A ben
 section opens with a one-row summary (docs/performance.md's columns) above ``bench_update``'s own output. Logs:
 ``DIR/work/NAME.log``; models: ``DIR/work/models``. Exit status 1 when a section failed or timed out.
 
-``--cpu`` (automatic without CUDA): the same sections at CPU sizes: the bench sections with ``--quick --paths packed`` on ``gpu_check``'s small CPU update shape (no profile: launches and busy time are a GPU's), FSDP2
-over a one-process gloo mesh. ``--timeout S`` sets every section's timeout, ``--timeout NAME=S`` one section's. For tests,
+``--cpu`` (automatic without CUDA): the same sections at CPU sizes: the bench sections with ``--quick --paths packed``
+on ``gpu_check``'s small CPU update shape (no profile: launches and busy time are a GPU's), FSDP2 over a one-process
+gloo mesh. ``--timeout S`` sets every section's timeout, ``--timeout NAME=S`` one section's. For tests,
 ``EVOLRL_GPU_UPDATE_FAIL=NAME[,NAME]`` makes those sections raise at their start.
 """
 
@@ -273,8 +274,8 @@ def lr0(ctx: Context) -> tuple[bool, list[str], dict]:
 
     device = ctx.device
     policy, reference = build_models(str(model), Dtypes.resolve("bf16-mixed", "float32"), with_reference=True,
-                                     mesh=bench_update.one_process_mesh(ctx.gpu), device=device, gradient_checkpointing=True,
-                                     packed=True)
+                                     mesh=bench_update.one_process_mesh(ctx.gpu), device=device,
+                                     gradient_checkpointing=True, packed=True)
     loss = GRPOLoss(kl_coef=0.001, entropy_coef=0.003)
     batching = Batching(mini_batch_size=run["mini_batch"], micro_batch_size=1,
                         max_tokens_per_micro_batch=run["budget"], packed=True)
@@ -322,11 +323,10 @@ def kl(ctx: Context) -> tuple[bool, list[str], dict]:
     from unittest import mock
 
     from evolrl.training import build
-    from tools.commands.gpu_check.check import KL_FLOOR, KL_RATIO, kl_at_positions
 
     size = ctx.size["kl"]
     model = ctx.model("kl", size, init=0.1)  # as gpu_check's kl section draws it
-    single = kl_at_positions(model, size["length"], bands=size["bands"], device=ctx.device)
+    single = check.kl_at_positions(model, size["length"], bands=size["bands"], device=ctx.device)
     mesh, built, build_models = bench_update.one_process_mesh(ctx.gpu), [], build.build_models
 
     def sharded_build(*args, **kwargs):
@@ -335,12 +335,11 @@ def kl(ctx: Context) -> tuple[bool, list[str], dict]:
         return models
 
     with mock.patch.object(build, "build_models", sharded_build):
-        sharded = kl_at_positions(model, size["length"], bands=size["bands"], device=ctx.device)
+        sharded = check.kl_at_positions(model, size["length"], bands=size["bands"], device=ctx.device)
     good = len(built) == 2 and all(name.startswith("FSDP") for name in built)  # the patch took: both sharded
     rows, fsdp = [], f"FSDP2, one-process mesh (policy {built[0]}, reference {built[-1]})" if built else "FSDP2: not built"
     for path, out in (("single process", single), (fsdp, sharded)):
-        first, last = out["bands"][0][2], out["bands"][-1][2]
-        good &= not (last > KL_RATIO * first and last > KL_FLOOR)
+        good &= check.kl_stays_flat(out["bands"])
         rows.append((path, f"{out['k3']:.2e}",
                      *(f"{gap:.2e}" for _, _, gap, _ in out["bands"]), out["rotary"]))
     bands = [f"abs gap {lo:,}-{hi - 1:,}" for lo, hi in size["bands"]]
@@ -349,8 +348,8 @@ def kl(ctx: Context) -> tuple[bool, list[str], dict]:
                    f"{shape['num_hidden_layers']}-layer Qwen3 shape (vocab {size['vocab']:,}, random weights), policy "
                    "and reference from `build_models` (bf16-mixed, reference_dtype bfloat16), at identical weights"),
                   *table(["path", "k3 KL", *bands, "rotary buffers"], rows),
-                  (f"(gpu_check's `kl_at_positions`; FAILED when the last band's gap is above {KL_RATIO}x the "
-                   f"first's and above {KL_FLOOR})")], {"single": single, "fsdp2": sharded}
+                  (f"(gpu_check's `kl_at_positions`; FAILED when the last band's gap is above {check.KL_RATIO}x "
+                   f"the first's and above {check.KL_FLOOR})")], {"single": single, "fsdp2": sharded}
 
 
 CHILDREN = {"versions": versions, "lr0": lr0, "kl": kl, **{name: functools.partial(bench, name=name) for name in BENCH}}
