@@ -1,5 +1,6 @@
 """What the tools share: the repository root and its commit, this process's memory as Linux reports it, this machine's matmul
-rate, a free port for a process group, a run's TensorBoard scalars, the report of a failed child process."""
+rate, a free port for a process group, a run's TensorBoard scalars, a markdown table, the report of a failed child
+process."""
 
 from __future__ import annotations
 
@@ -48,16 +49,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def matmul_peak(dtype: str, size: int, repeats: int) -> float:
-    """FLOP/s of the fastest of ``repeats`` ``size``-square matmuls."""
+def matmul_peak(dtype: str, size: int, repeats: int, device: str = "cpu") -> float:
+    """FLOP/s of the fastest of ``repeats`` ``size``-square matmuls (on a GPU, each timed to its end)."""
     import torch
 
-    a, b = (torch.randn(size, size).to(getattr(torch, dtype)) for _ in range(2))
+    a, b = (torch.randn(size, size, device=device).to(getattr(torch, dtype)) for _ in range(2))
+    sync = torch.cuda.synchronize if a.is_cuda else lambda: None
     torch.matmul(a, b)  # warm-up
     times = []
     for _ in range(repeats):
+        sync()
         start = time.perf_counter()
         torch.matmul(a, b)
+        sync()
         times.append(time.perf_counter() - start)
     return 2 * size**3 / min(times)
 
@@ -76,6 +80,12 @@ def read_scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
         for tag in events.Tags()["scalars"]:
             series.setdefault(tag, {}).update({e.step: e.value for e in events.Scalars(tag)})
     return {tag: sorted(points.items()) for tag, points in series.items()}
+
+
+def table(head: list[str], rows: list) -> list[str]:
+    """The lines of a markdown table (``|---|`` rules, as the docs' tables are pasted)."""
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(map(str, r)) + " |"
+                                                                         for r in rows]
 
 
 EXCEPTION = re.compile(r"^(\[rank\d+\]:\s*)?([\w.]+(Error|Exception|Interrupt)\b.*)")

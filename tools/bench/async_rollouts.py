@@ -1,12 +1,10 @@
 """On-policy lockstep against one step off-policy with a sampler process of its own, in one invocation.
 
-Both arms run the demo (SmolLM2-135M, vLLM's CPU build, EVOL-RL's reward) made sampling-heavy: ``--vote-samples``
-responses per prompt of up to ``--max-new-tokens`` tokens. ``k0``: ``data.max_staleness: 0``, the engine in the
-training process, both on every core (today's default). ``k1``: ``max_staleness: 1`` and ``data.sampler_process``
-on the last core, the trainer on the others: the sampler samples the next batch while the trainer updates. Each
-(arm, repeat) is a ``python -m evolrl fit`` process of its own, arms alternating; its TensorBoard curves give, per
-training step after the first (warm-up), the step time (``time/step + time/sync``: a push waits for the batch in
-progress), the trainer's wait on the sampler, the sampler's idle time, and the held-out pass@1 after the last step.
+Both arms run the demo made sampling-heavy (``--vote-samples`` responses per prompt of up to ``--max-new-tokens``
+tokens). ``k0``: ``data.max_staleness: 0``, the engine in the training process, both on every core (the default).
+``k1``: ``max_staleness: 1`` and ``data.sampler_process`` on the last core, the trainer on the others. Each (arm,
+repeat) is a ``python -m evolrl fit`` process of its own, arms alternating; its TensorBoard curves give the medians
+over the steps after the first (the step time is ``time/step + time/sync``: a push waits for the batch in progress).
 
     python -m tools.bench.async_rollouts                      # 6 steps x 2 repeats per arm (about 30 minutes)
     python -m tools.bench.async_rollouts --steps 3 --repeats 1 --vote-samples 8 --max-new-tokens 16   # a quick look
@@ -70,14 +68,10 @@ def run_arm(arm: str, a: argparse.Namespace, cores: list[int], work: Path, repea
 
 
 def estimate(gpus: int, shares: list[float], sampler_gpus: list[int]) -> str:
-    """The labelled estimate of docs/performance.md: lockstep on ``gpus`` colocated GPUs against one step off-policy
-    with ``a`` of them sampling and the rest training, per share ``f`` of the lockstep step spent sampling.
-
-    Lockstep: ``T0 = S + U`` (``S = f T0``). Split: the trainer's ``U`` spreads over ``gpus - a`` GPUs
-    (``U x gpus / (gpus - a)``); sampling, ``gpus / a`` times the sequences per GPU, takes between ``S`` (decoding
-    bound by latency: more sequences per step cost nothing, until the KV cache or compute binds) and
-    ``S x gpus / a`` (bound by throughput). With k = 1 they overlap: ``T1 = max(sampling, update)``. The pushes
-    (seconds, in both) and the colocated engine's sleep/wake (only in lockstep) are left out."""
+    """The labelled estimate of docs/performance.md (its derivation there): lockstep on ``gpus`` colocated GPUs,
+    ``T0 = S + U`` with ``S = f T0``, against one step off-policy with ``a`` of them sampling,
+    ``T1 = max(sampling, U x gpus / (gpus - a))``, the sampling between ``S`` (latency-bound) and ``S x gpus / a``
+    (throughput-bound); the pushes and the colocated engine's sleep/wake left out."""
     rows = ["| sampling share f | sampler GPUs | gain, latency-bound sampling | gain, throughput-bound sampling |",
             "|---|---|---|---|"]
     for f in shares:

@@ -1,15 +1,11 @@
 """evolrl against TRL's GRPOTrainer on the same work, in one invocation.
 
-Both frameworks get the same model, prompts (the project's additions, in order), group size,
-max new tokens, learning rate, clip range, precision and number of optimizer steps (one per
-rollout batch), and the same reward: TTRL's majority vote, ``evolrl.rewards.MajorityVoteReward``,
-handed to TRL as a reward function. Each (framework, repeat) runs in its own process, so peak
-RSS is that framework's alone. Per framework the script prints the median step time (the first
-step of every run is warm-up and left out), tokens/s as verl counts them (prompt + response
-tokens trained on / step time / devices), peak RSS and the step split into sampling / reward /
-update (update = everything else in the step, including handing the new weights to the sampler), then evolrl / TRL ratios. Two more checks:
-the novelty reward's share of an EVOL-RL step at the demo settings, and the engine's sampling
-tokens/s against vLLM's own ``LLM.generate`` on the same prompts.
+Both frameworks get the same work and the same reward (TTRL's majority vote, handed to TRL as a reward function);
+each (framework, repeat) runs in its own process, so peak RSS is that framework's alone. What is the same, what is
+timed and how tokens/s are counted: docs/performance.md ("What the benchmark runs"). Per framework the medians (the
+first step of every run left out as warm-up), then the evolrl / TRL ratios; then two more checks: the novelty
+reward's share of an EVOL-RL step at the demo settings, and the engine's sampling tokens/s against vLLM's own
+``LLM.generate`` on the same prompts.
 
     python -m tools.bench.bench                                           # SmolLM2-135M (packaged GGUF), tiny, CPU
     python -m tools.bench.bench --models tiny --steps 3 --repeats 1       # a quick look
@@ -30,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tools.common import ROOT, failure_report, status_mib
+from tools.common import ROOT, failure_report, status_mib, table
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -113,13 +109,8 @@ def run_evolrl(a: argparse.Namespace) -> dict:
                           "update": total - timing["sample"] - timing["reward"], "sync": total - timing["step"],
                           "tokens": trained})
 
-    evol = a.reward == "evol"
-    group = a.group
-    vote = a.vote or group
-    if a.framework == "evolrl-hf":
-        engine = HFEngine(prompts_per_call=a.prompts)
-    else:
-        engine = vllm_engine(a)
+    evol, group = a.reward == "evol", a.group
+    engine = HFEngine(prompts_per_call=a.prompts) if a.framework == "evolrl-hf" else vllm_engine(a)
     module = EvolRLModule(
         model=a.model,
         reward=EvolReward(answers=AnswerRules(valid_rule="digit", number_fallback=True)) if evol else shared_reward(),
@@ -130,7 +121,7 @@ def run_evolrl(a: argparse.Namespace) -> dict:
     )
     data = RolloutDataModule(
         train=AdditionPrompts(a.prompts * a.steps, instruction="Put your final answer within \\boxed{}."),
-        model=a.model, engine=engine, prompts_per_step=a.prompts, vote_samples=vote, trained_samples=group,
+        model=a.model, engine=engine, prompts_per_step=a.prompts, vote_samples=a.vote or group, trained_samples=group,
         sampling=Sampling(temperature=a.temperature, max_new_tokens=a.max_new_tokens), system_prompt=None,
         shuffle=False,
     )
@@ -251,26 +242,23 @@ def child(a: argparse.Namespace, framework: str, model: str, **overrides) -> dic
         return json.loads(out.read_text())
 
 
-def summarize(runs: list[dict], devices: int) -> dict[str, float]:
+def summarize(runs: list[dict]) -> dict[str, float]:
     steps = [s for r in runs for s in r["steps"][1:]] or [s for r in runs for s in r["steps"]]
     med = {k: statistics.median(s.get(k, 0.0) for s in steps) for k in ("step", *PARTS, "sync")}
-    med["tok_s"] = statistics.median(s["tokens"] / s["step"] for s in steps) / devices
+    med["tok_s"] = statistics.median(s["tokens"] / s["step"] for s in steps)
     med["rss"] = max(r["peak_rss_gib"] for r in runs)
     if "cuda_peak_gib" in runs[0]:
         med["cuda"] = max(r["cuda_peak_gib"] for r in runs)
     return med
 
 
-def table(rows: dict[str, dict[str, float]]) -> str:
+def results(rows: dict[str, dict[str, float]]) -> str:
     cuda = any("cuda" in r for r in rows.values())
     head = ["framework", "step s", "tokens/s", "peak RSS GiB", *(["GPU peak GiB"] if cuda else []),
             "sample s", "reward s", "update s", "of it: weights to engine s"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name, m in rows.items():
-        cells = [name, f"{m['step']:.2f}", f"{m['tok_s']:.0f}", f"{m['rss']:.2f}",
-                 *([f"{m.get('cuda', 0):.2f}"] if cuda else []), *(f"{m[k]:.2f}" for k in (*PARTS, "sync"))]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(table(head, [[name, f"{m['step']:.2f}", f"{m['tok_s']:.0f}", f"{m['rss']:.2f}",
+                                   *([f"{m.get('cuda', 0):.2f}"] if cuda else []),
+                                   *(f"{m[k]:.2f}" for k in (*PARTS, "sync"))] for name, m in rows.items()]))
 
 
 def main() -> None:
@@ -308,7 +296,6 @@ def main() -> None:
 
     import torch
 
-    devices = 1
     print(f"# {a.prompts} prompts x {a.group} responses, {a.max_new_tokens} new tokens, micro-batch {a.micro_batch}, "
           f"{a.precision}, gradient checkpointing {'on' if a.gradient_checkpointing else 'off'}, {a.steps} steps x {a.repeats} repeats, device {a.device} "
           f"({torch.cuda.get_device_name() if a.device == 'cuda' else f'{os.cpu_count()} CPU cores'})")
@@ -316,11 +303,8 @@ def main() -> None:
         names = {"gguf": GGUF, "tiny": None}
         for model in a.models:
             path = names.get(model, model) or tiny_model(Path(tiny_dir), GGUF)
-            rows = {}
-            for framework in a.frameworks:
-                runs = [child(a, framework, path) for _ in range(a.repeats)]
-                rows[framework] = summarize(runs, devices)
-            print(f"\n## {model} ({path})\n\n{table(rows)}\n")
+            rows = {f: summarize([child(a, f, path) for _ in range(a.repeats)]) for f in a.frameworks}
+            print(f"\n## {model} ({path})\n\n{results(rows)}\n")
             base = rows.get("trl")
             for name, m in rows.items():
                 if base is not None and name != "trl":

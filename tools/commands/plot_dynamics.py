@@ -27,7 +27,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from tools.common import read_scalars
+from tools.common import read_scalars, table as markdown_table
 
 PANELS = (
     ("val/{eval_set}/pass@1", "pass@1 on {eval_set}", "pass@1"),
@@ -38,13 +38,6 @@ PANELS = (
     ("train/novelty_mean", "novelty (u, before the in-group scaling)", "mean over valid responses"),
 )
 """(tag, title, unit); the pass@k panel only with ``pass_k``, a training curve only where a run logged it."""
-
-
-def find_eval_set(runs: list[dict[str, list]], wanted: str | None) -> str | None:
-    names = sorted({tag.split("/")[1] for run in runs for tag in run if fnmatch.fnmatch(tag, "val/*/pass@1")})
-    if wanted:
-        return wanted
-    return names[0] if names else None
 
 
 def seed_band(points: list[list[tuple[int, float]]]) -> tuple[list[int], list[float], list[float], list[float]]:
@@ -59,14 +52,14 @@ def plot(run_dirs: list[Path], labels: list[str], out: Path, eval_set: str | Non
     """The figure of ``PANELS``: per method (``labels``), the mean of its runs with their min-max band, or with
     ``every_seed`` each run as its own line in the method's colour."""
     runs = [read_scalars(d) for d in run_dirs]
-    eval_set = find_eval_set(runs, eval_set)
+    eval_set = eval_set or min((tag.split("/")[1] for run in runs for tag in run  # default: the first logged
+                                if fnmatch.fnmatch(tag, "val/*/pass@1")), default=None)
     methods: dict[str, list[dict]] = {}
     for run, label in zip(runs, labels):
         methods.setdefault(label, []).append(run)
     panels = [p for p in PANELS if (pass_k is not None or "{k}" not in p[0])
               and (not p[0].startswith("train/") or any(p[0] in run for run in runs))]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.6), constrained_layout=True, squeeze=False)
-    axes = axes[0]
+    fig, (axes,) = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.6), constrained_layout=True, squeeze=False)
     for ax, (tag, title, unit) in zip(axes, panels):
         tag = tag.format(eval_set=eval_set, k=pass_k)
         ax.set_title(title.format(eval_set=eval_set or "(no evaluation set logged)", k=pass_k))
@@ -110,11 +103,9 @@ def table(run_dirs: list[Path], labels: list[str], tags: list[str]) -> str:
         return (f"{values[0]:.3g} -> {values[-1]:.3g}; mean {statistics.fmean(values):.3g}, "
                 f"median {statistics.median(values):.3g} ({len(values)} steps)")
 
-    rows = [f"| run | {' | '.join(tags)} |", "|---" * (len(tags) + 1) + "|"]
-    for run, label in zip(run_dirs, labels):
-        scalars = read_scalars(run)
-        rows.append(f"| {label} | {' | '.join(cell(scalars.get(tag)) for tag in tags)} |")
-    return "\n".join(rows)
+    scalars = [read_scalars(run) for run in run_dirs]
+    rows = [[label, *(cell(s.get(tag)) for tag in tags)] for s, label in zip(scalars, labels)]
+    return "\n".join(markdown_table(["run", *tags], rows))
 
 
 def main() -> None:

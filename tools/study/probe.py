@@ -39,28 +39,23 @@ SAMPLINGS = {"evaluation": (0.6, 0.95), "training": (0.7, 1.0)}
 """Sampling name -> (temperature, top-p): the held-out evaluation's and one training group's."""
 
 
-def worked(*numbers: int) -> dict:
-    """A worked example of a chained sum: each step adds the next number, then the answer marker."""
-    steps, total = [], numbers[0]
-    for n in numbers[1:]:
-        steps.append(f"{total} + {n} = {total + n}.")
-        total += n
-    return {"question": f"What is {' + '.join(map(str, numbers))}?",
-            "response": " ".join(steps) + f" <answer>{total}</answer>"}
-
-
-def tens_then_ones(a: int, b: int) -> dict:
-    """A worked example of a two-term sum: add the second number's tens, then its ones."""
-    tens, ones = b - b % 10, b % 10
-    return {"question": f"What is {a} + {b}?",
-            "response": f"{a} + {tens} = {a + tens}. {a + tens} + {ones} = {a + b}. <answer>{a + b}</answer>"}
-
-
 def shown(question_numbers: tuple[int, ...], steps: str) -> dict:
     """A worked example of a chained sum written out as ``steps`` (an order of its own), then the answer marker."""
     total = sum(question_numbers)
     return {"question": f"What is {' + '.join(map(str, question_numbers))}?",
             "response": f"{steps} <answer>{total}</answer>"}
+
+
+def worked(*numbers: int) -> dict:
+    """A worked example of a chained sum: each step adds the next number, left to right."""
+    totals = [sum(numbers[:i + 1]) for i in range(len(numbers))]
+    return shown(numbers, " ".join(f"{t} + {n} = {t + n}." for t, n in zip(totals, numbers[1:])))
+
+
+def tens_then_ones(a: int, b: int) -> dict:
+    """A worked example of a two-term sum: add the second number's tens, then its ones."""
+    tens = b - b % 10
+    return shown((a, b), f"{a} + {tens} = {a + tens}. {a + tens} + {b % 10} = {a + b}.")
 
 
 def _word(steps: int, max_number: int, system_prompt: str | None) -> dict:

@@ -33,9 +33,9 @@ def answer_start(text: str, number_fallback: bool = True) -> int | None:
     return None if answer is None else offset + part.rfind(answer)
 
 
-def tokens_before_answer(text: str, tokenizer, number_fallback: bool = True) -> int | None:
+def tokens_before_answer(text: str, tokenizer) -> int | None:
     """Tokens of ``text`` before its final answer (the tokenizer's count of that prefix); ``None`` without one."""
-    start = answer_start(text, number_fallback)
+    start = answer_start(text)
     if start is None:
         return None
     return len(tokenizer(text[:start], add_special_tokens=False)["input_ids"])
@@ -46,11 +46,10 @@ def read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def ways_to_majority(texts: list[str], number_fallback: bool = True) -> int | None:
+def ways_to_majority(texts: list[str]) -> int | None:
     """How many different texts (stripped) a group's responses that give its most frequent answer write before they
     first state it (what ``until_answer`` novelty embeds); ``None`` when fewer than two give it."""
-    rules = AnswerRules(number_fallback=number_fallback)
-    spans = [(t, rules.read(t)) for t in texts]
+    spans = [(t, AnswerRules(number_fallback=True).read(t)) for t in texts]
     answers = Counter(s.answer for _, s in spans if s is not None)
     if not answers or answers.most_common(1)[0][1] < 2:
         return None
@@ -58,17 +57,16 @@ def ways_to_majority(texts: list[str], number_fallback: bool = True) -> int | No
     return len({t[:first_statement(t, s).start].strip() for t, s in spans if s is not None and s.answer == majority})
 
 
-def response_measures(rows: list[dict], tokenizer, number_fallback: bool = True) -> dict[str, float]:
+def response_measures(rows: list[dict], tokenizer) -> dict[str, float]:
     """``guess``: share of problems whose truth is the most frequent truth; ``answered``: share of responses with an
     answer; ``marked``: share whose answer is in a box or an answer marker; ``tokens before answer``: median over the
     answered responses; ``ways to majority``: mean of :func:`ways_to_majority` over the problems it counts;
     ``response tokens``: median length."""
     truths = Counter(row["truth"] for row in rows)
     responses = [r for row in rows for r in row["responses"]]
-    before = [n for n in (tokens_before_answer(r["text"], tokenizer, number_fallback) for r in responses)
-              if n is not None]
+    before = [n for n in (tokens_before_answer(r["text"], tokenizer) for r in responses) if n is not None]
     lengths = [len(r["tokens"]) for r in responses if r["tokens"] is not None]
-    ways = [n for row in rows if (n := ways_to_majority([r["text"] for r in row["responses"]], number_fallback))]
+    ways = [n for row in rows if (n := ways_to_majority([r["text"] for r in row["responses"]]))]
     return {
         "guess": truths.most_common(1)[0][1] / len(rows) if rows else float("nan"),
         "answered": len(before) / len(responses) if responses else float("nan"),

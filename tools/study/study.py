@@ -4,28 +4,19 @@
     python -m tools.study.study run            # every method x 3 seeds, resumable run by run (~25 min a run, 2 cores)
     python -m tools.study.study summary        # the table at the last evaluation (mean +- sd) and OUT/curves.png
     python -m tools.study.study run --smoke    # 2 training steps of each method, one seed, one evaluation batch (CI)
-    python -m tools.study.study leak --out results/study2   # Study II's restatement leak, from its logged responses
     python -m tools.study.study probe --task chain  # the base model on chained sums it works out step by step
-    python -m tools.study.study run --task chain --methods ttrl evol_until --float32 --seeds 7 \
-        --out results/study3_pilot     # Study III's pilot pair; then its runs (docs/study.md):
-    python -m tools.study.study run --task chain --methods ttrl evol_until --float32 --out results/study3
-    python -m tools.study.study probe --task word   # the base model on word problems with room to reason
-    python -m tools.study.study run --task word     # the same runs on the word problems (configs/study_reasoning.yaml)
-    python -m tools.study.study run --methods ttrl ttrl_clip_entropy evol evol_until --float32 --out results/study2
-    python -m tools.study.study run --methods self_certainty token_entropy semantic_entropy --seeds 0   # the others
-    python -m tools.study.study run --methods evol ttrl self_certainty token_entropy semantic_entropy --seeds 0 \
-        --steps 12 --out runs/family   # every method side by side at the demo's length (~6 min a run)
+
+Each study's commands (Studies I to III, the other label-free methods side by side): docs/study.md, "Reproducing the
+studies".
 
 A run is the CLI itself: ``python -m evolrl fit --config configs/demo.yaml --config configs/study.yaml`` plus the
 method's overlay (``METHODS``: none for EVOL-RL, ``configs/demo_ttrl.yaml`` for TTRL), plus a file this tool writes
 beside the run with its seed (``seed_everything`` and ``data.seed``: prompt order, trained subsets, sampling) and its
 log directory ``<out>/<method>/seed<S>``. The methods differ only where their overlays say; everything else
 (model, task, steps, learning rate, evaluation) is ``configs/study.yaml`` on top of the demo. A finished run leaves
-``done.json`` (its wall time, the commit it started at and each start in ``parts``, an interrupted one counted up to
-the checkpoint the next start went on from); ``run`` skips those. A run saves
-its latest checkpoint every ``CHECKPOINT_EVERY`` steps, and ``run`` goes on from there with an unfinished one (from the
-beginning when it saved none). vLLM's CPU build seeds per engine, so a resumed run samples anew from that step: a
-different draw than the uninterrupted run's, as a different seed would be.
+``done.json`` (its wall time, the commit it started at and each start in ``parts``); ``run`` skips those, and goes on
+with an unfinished one from its latest checkpoint (saved every ``CHECKPOINT_EVERY`` steps; from the beginning when it
+saved none). vLLM's CPU build seeds per engine, so a resumed run samples anew from that step, as another seed would.
 
 ``probe`` measures the untrained model on candidate tasks (``probe.py``).
 
@@ -56,7 +47,7 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tools.commands.plot_dynamics import plot
-from tools.common import ROOT, commit, read_scalars
+from tools.common import ROOT, commit, read_scalars, table
 from tools.study.probe import REASONING, SAMPLINGS, probe
 
 BASE = ["configs/demo.yaml", "configs/study.yaml"]
@@ -341,11 +332,8 @@ def summary(a: argparse.Namespace) -> None:
     scalars = {m: [read_scalars(d) for d in dirs] for m, dirs in runs.items()}
     numbers = {m: [run_numbers(s, a.tail) for s in runs_] for m, runs_ in scalars.items()}
     keys = list(dict.fromkeys(k for m in a.methods for n in numbers[m] for k in n))  # any method's, in order
-    print(f"| metric | {' | '.join(f'{METHODS[m][0]} ({len(runs[m])} seeds)' for m in a.methods)} |")
-    print("|---" * (len(a.methods) + 1) + "|")
-    for key in keys:
-        cells = [mean_sd([n[key] for n in numbers[m] if key in n]) for m in a.methods]
-        print(f"| {key} | {' | '.join(cells)} |")
+    rows = [[key, *(mean_sd([n[key] for n in numbers[m] if key in n]) for m in a.methods)] for key in keys]
+    print("\n".join(table(["metric", *(f"{METHODS[m][0]} ({len(runs[m])} seeds)" for m in a.methods)], rows)))
     minutes = [json.loads((d / "done.json").read_text())["seconds"] / 60 for dirs in runs.values() for d in dirs]
     print(f"\n{len(minutes)} runs, {sum(minutes):.0f} min in all ({min(minutes):.1f} to {max(minutes):.1f} a run)\n")
     per_run(scalars, runs, a.tail)
@@ -364,17 +352,10 @@ def summary(a: argparse.Namespace) -> None:
     print(f"figure: {figure}")
 
 
-def leak(a: argparse.Namespace) -> None:
-    """Study II's restatement leak from its records (``leak.py``): ``--out results/study2``."""
-    from tools.study.leak import report
-
-    print(report(Path(a.out), "evol_until", a.tail))
-
-
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m tools.study.study",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["probe", "run", "summary", "leak"])
+    p.add_argument("command", choices=["probe", "run", "summary"])
     p.add_argument("--methods", nargs="+", default=["evol", "ttrl"], choices=list(METHODS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--out", help="where the runs go; default runs/study, runs/study_reasoning (--task word) or "
@@ -407,7 +388,7 @@ def main() -> None:
         p.error(f"--lr {a.lr}: a learning rate between 0 and 1")
     if a.steps is not None and a.steps < 1:
         p.error(f"--steps {a.steps}: a run needs at least 1 training step")
-    {"probe": probe, "run": run, "summary": summary, "leak": leak}[a.command](a)
+    {"probe": probe, "run": run, "summary": summary}[a.command](a)
 
 
 if __name__ == "__main__":

