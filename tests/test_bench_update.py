@@ -34,22 +34,27 @@ def test_bench_update_quick_prints_both_paths():
     assert re.search(r"matmul peak \(\d+\^3, best of \d+\): bf16 [\d.]+ GFLOP/s, fp32 [\d.]+ GFLOP/s", result.stdout)
 
 
-def test_a_checkpoint_interval_below_one_or_a_cpu_profile_is_refused_before_anything_runs():
+def test_a_checkpoint_interval_below_one_or_a_gpus_flag_on_a_cpu_is_refused_before_anything_runs():
     result = subprocess.run([sys.executable, "-m", "tools.bench.bench_update", "--checkpoint-every", "0"], check=False,
                             capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 2 and "--checkpoint-every 0: 1 or more" in result.stderr, result.stderr
     result = subprocess.run([sys.executable, "-m", "tools.bench.bench_update", "--device", "cpu", "--profile", "5"],
                             check=False, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 2 and "--profile 5: profiles a GPU's kernels" in result.stderr, result.stderr
+    result = subprocess.run([sys.executable, "-m", "tools.bench.bench_update", "--device", "cpu", "--checkpoint-every",
+                             "auto"], check=False, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 2 and "--checkpoint-every auto: sizes to a GPU" in result.stderr, result.stderr
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bench_update_on_a_gpu_prints_the_kernel_profile_and_the_memory_estimate():
     """The CUDA path: a named Qwen3 shape with random weights, FSDP2 over a mesh of the one GPU, the busy fraction,
-    launches and top kernels of one update, and the measured peak beside tools.commands.gpu_budget's estimate."""
+    launches and top kernels of one update, the measured peak beside tools.commands.gpu_budget's estimate, and the
+    checkpointing it fits to the card."""
     result = subprocess.run([sys.executable, "-m", "tools.bench.bench_update", "--quick", "--device", "cuda", "--models",
-                             "qwen3-0.6b", "--profile", "5", "--budget", "192"], check=False,
+                             "qwen3-0.6b", "--profile", "5", "--budget", "192", "--checkpoint-every", "auto"],
+                            check=False,
                             capture_output=True, text=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
                             timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -58,6 +63,8 @@ def test_bench_update_on_a_gpu_prints_the_kernel_profile_and_the_memory_estimate
     assert re.search(r"^heavy, packed: peak [\d.]+ GiB allocated; tools.commands.gpu_budget estimates [\d.]+ GiB",
                      result.stdout, re.MULTILINE), result.stdout
     assert re.search(r"^card peak: ", result.stdout, re.MULTILINE)
+    assert re.search(r"^gradient checkpointing (off|on.*): what tools.commands.gpu_budget fits to this GPU's",
+                     result.stdout, re.MULTILINE), result.stdout
 
 
 def test_a_failed_childs_report_keeps_the_exception_lines_a_long_dump_pushes_out_of_the_tail():

@@ -314,18 +314,16 @@ def test_kill_9_and_resume_gives_the_weights_and_the_teacher_of_an_uninterrupted
 
 
 def test_gpu_budget_counts_the_teacher_a_weights_copy_without_lora_and_the_adapters_with():
-    from tools.commands.gpu_budget import GIB, QWEN3, QWEN3_COMMON, budget, from_config
+    from tools.commands.gpu_budget import QWEN3, QWEN3_COMMON, Update, from_config, states
 
     QWEN3_1_7B = from_config(QWEN3_COMMON | QWEN3["qwen3-1.7b"])
 
     def teacher_row(**kwargs) -> tuple:
-        rows = budget(QWEN3_1_7B, 1, 80.0, 0.4, 64, 1024, 1024, None, 32768, 8, teacher=True, **kwargs)
-        return next(r for r in rows if r[0].startswith("EMA teacher"))
+        return next(r for r in states(QWEN3_1_7B, Update(1, teacher=True, **kwargs)) if r[0].startswith("EMA teacher"))
 
-    assert teacher_row()[3] == pytest.approx(QWEN3_1_7B.params * 4 / GIB)
-    assert teacher_row(lora_rank=16)[3] == pytest.approx(QWEN3_1_7B.lora_params(16) * 4 / GIB)
-    rows = budget(QWEN3_1_7B, 1, 80.0, 0.4, 64, 1024, 1024, None, 32768, 8)
-    assert not any(r[0].startswith("EMA teacher") for r in rows)
+    assert teacher_row()[2] == QWEN3_1_7B.params * 4
+    assert teacher_row(lora_rank=16)[2] == QWEN3_1_7B.lora_params(16) * 4
+    assert not any(r[0].startswith("EMA teacher") for r in states(QWEN3_1_7B, Update(1)))
 
 
 def test_under_lora_the_teacher_is_an_average_of_the_adapters_alone(tmp_path, tiny_model):

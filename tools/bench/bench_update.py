@@ -11,58 +11,30 @@ ones.
     python -m tools.bench.bench_update --models smollm2 --dists heavy --paths packed --compile
     python -m tools.bench.bench_update --paper --paths packed --profile 15 --compile --flex  # + FlexAttention
 
-On a GPU (``--device cuda``, the default where there is one) a case builds the policy and reference as a one-GPU run
-under ``ModelParallelStrategy`` does (FSDP2 over a mesh of the one device, bf16 all-gathers), times with the device
-synchronized, takes CUDA's allocated peak as the memory, prints MFU against the card's dense bf16 peak
-(``update_profile.card_peak``) and the measured peak beside ``tools.commands.gpu_budget``'s estimate; ``--profile N``
-then prints the GPU-busy fraction, kernel launches, top N kernels, and what the CPU was doing while the GPU idled, of one
-more update on lengths one token longer than the first draw's (new shapes, as each training step brings;
-``tools/bench/update_profile.py``).
-Models may be named Qwen3 shapes (``qwen3-0.6b``, ``qwen3-1.7b``, ``qwen3-4b``, ``qwen3-8b``: random weights, no
-download). ``--profile`` needs a GPU (the kernels are what it reads). ``--compile``: the blocks
-compiled (``Batching.compile_blocks``), and per case a line on what compiling cost (the warm-up update's seconds, the
-graphs traced, any traced during the timed updates); ``--paths``: padded, packed or both.
-
-A scale model of the paper's update (configs/paper: 256 sequences per step, mini-batches of 32, packed passes of at
-most 32,768 tokens): 8 sequences, mini-batches of 4 (two optimizer steps: the second one's old log-probs take a
-no-grad pass), passes of at most 2 sequences (``padded``: right-padded, ``packed=False``) or 1,024 tokens (``packed``:
-``max_tokens_per_micro_batch``, ``packed=True``; a mini-batch of ~1.5k tokens then takes one to three passes, a
-longer sequence goes alone). That small because SmolLM2-135M trains some 100 tokens/s on 2 CPU cores; ``--sequences
-32 --mini-batch 16 --micro-batch 4 --budget 4096`` is closer to the paper's shape and takes hours. A sequence: a 60-token prompt + a response of (a)
-``heavy``: log-normal length, median 300, sigma 1, capped at 4,096, or (b) ``uniform`` over [0.2 m, 1.8 m], m the
-mean of (a)'s sample (``--demo``: configs/demo.yaml's update instead, ``demo`` below); token ids, lengths and
-advantages seeded, so both paths train on the same sequences. Built as
-the module does: ``build_models`` (float32 master weights; GRPOLoss's EVOL-RL defaults have KL 0.001, so a
-reference, bf16 under bf16, and a reference pass), ``build_optimizer`` (fused AdamW), ``torch.autocast('cpu',
-bfloat16)`` as Lightning's ``bf16-mixed``, gradient checkpointing on (off with ``--demo``, as configs/demo.yaml).
-
-Each (model, distribution, path) runs in two fresh processes on a CPU, one on a GPU (whose allocated peak needs no
-process of its own): load, a warm-up update, then measured updates. Time:
-after a warm-up update on a draw of its own (seed ``--seed`` - 1: AdamW state allocated, the allocator's heap grown
-and its pages touched, as in any training step after the first), ``--repeats`` updates, each on its own draw of
-lengths from the distribution (seeds ``--seed``, ``--seed`` + 1, ...; new shapes every time, as in training, so
-kernel selection for a new shape is part of it), their median, with tokens/s and FLOP/s over all of them; under the
-allocator as the trainer sets it on a CPU (``evolrl/logprobs/allocator.py``: freed buffers kept for reuse). Peak memory, from the other process: VmHWM during that update (reset just before it through
-/proc/self/clear_refs), after a warm-up update on two short sequences (prompt + 16 tokens: AdamW state allocated),
-as is ("abs") and minus the resident set just before it ("update"), with
-MALLOC_MMAP_THRESHOLD_=1MiB so that freed tensors leave the resident set and the peak is that of live tensors,
-for the first draw; passes and padding are the first draw's too. Padding: pad tokens /
-tokens the plan's passes compute. Tokens/s: real (prompt + response) tokens / update time.
+What is built, timed and counted, the scale model of the paper's update the defaults are, and how to read the
+tables: docs/performance.md ("The update alone", "The update on a GPU"). The decisions, in short. The models are
+built as the module builds them (``build_models``, ``build_optimizer``, bf16 autocast as Lightning's ``bf16-mixed``);
+on a GPU (``--device cuda``, the default where there is one) as a one-GPU ``ModelParallelStrategy`` run builds them
+(FSDP2 over a mesh of the one device, bf16 all-gathers). Models may be named Qwen3 shapes (``qwen3-0.6b`` ...
+``qwen3-8b``: random weights, no download). A sequence is a ``--prompt`` + a response of (a) ``heavy``: log-normal
+length (``--median``, ``--sigma``, capped at ``--cap``) or (b) ``uniform`` over [0.2 m, 1.8 m], m the mean of (a)'s
+sample (``demo``: configs/demo.yaml's); token ids, lengths and advantages seeded, so both paths train on the same
+sequences. Time: after a warm-up update on a draw of its own (seed ``--seed`` - 1: AdamW state allocated, the
+allocator's heap grown, as in any step after the first), the median of ``--repeats`` updates, each on its own draw
+(seeds ``--seed``, ``--seed`` + 1, ...: new shapes every time, as in training), under the allocator the trainer sets
+on a CPU (``evolrl/logprobs/allocator.py``). Peak memory on a CPU comes from a second process (the timing one's
+allocator keeps freed memory): VmHWM during the first draw's update (reset through /proc/self/clear_refs), as is
+("abs") and above the resident set before it ("update"), with MALLOC_MMAP_THRESHOLD_=1MiB so that freed tensors
+leave the resident set; on a GPU CUDA's allocated peak, from the timed process (live tensors only; compiling a
+large shape twice would take minutes).
 
 FLOPs are model FLOPs (MFU): gradient-checkpointing recomputation and padding are not counted. A sequence of s tokens
-of which r are scored (its response); N_b weights of the blocks' matmuls, N_h of the LM head (applied at scored
-positions only, as the update does; the embedding lookup is not counted), L layers, attention width a (heads x
-head_dim). A no-grad forward: 2 N_b s + 2 N_h r + 2 L a s(s+1) (causal: s(s+1)/2 query-key pairs, QK^T and AV, 2
-FLOPs each); training (forward + backward) three times that; old log-probs (mini-batches after the first) and the
-reference one no-grad forward each. MFU against this machine's matmul peak, measured in the same invocation (best of
-several square matmuls, bf16 and fp32, same threads). "block mm GFLOP/s": the model's own block matmuls alone, at the
-first draw's mean pass size (tokens per pass), forward and both backward products, each layer's weight in turn (cold
-caches, as in a pass): the rate the update's matmuls could reach at these shapes, a ceiling on its MFU.
-
-``--demo``: the update of configs/demo.yaml: 32 sequences (4 prompts x 8 trained), a 48-token prompt (an addition in
-SmolLM2's chat template) + a response uniform over [16, 48] tokens (48 new tokens at most), mini-batches of 16,
-passes of 16 (padded) or 1,536 = 16 x 96 tokens (packed), no gradient checkpointing, KL 0.001 and entropy bonus 0.003,
-temperature 0.7.
+of which r are scored; N_b weights of the blocks' matmuls, N_h of the LM head (at scored positions only, as the
+update applies it), L layers, attention width a (heads x head_dim). A no-grad forward: 2 N_b s + 2 N_h r + 2 L a
+s(s+1) (causal: s(s+1)/2 query-key pairs, QK^T and AV); training three times that; old log-probs (mini-batches after
+the first) and the reference one no-grad forward each. MFU against the matmul peak measured in the same invocation
+(bf16 and fp32) on a CPU, the card's dense bf16 peak on a GPU (``update_profile.card_peak``). "block mm GFLOP/s": the
+model's own block matmuls alone at the first draw's mean pass size, a ceiling on its MFU.
 """
 
 from __future__ import annotations
@@ -79,7 +51,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from tools.bench.update_profile import QWEN3
+import torch
+from torch import nn
+
+from tools.bench.update_profile import QWEN3, card_peak, cuda_profile, summary_lines
+from tools.commands.gpu_budget import every_nth
 from tools.common import ROOT, failure_report, free_port, matmul_peak, reset_peak, status_mib
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -104,8 +80,6 @@ CASE = ("prompt", "seed", "mini_batch", "micro_batch", "budget", "precision", "g
 
 def responses(dist: str, n: int, median: float, sigma: float, cap: int, seed: int) -> list[int]:
     """Response lengths: log-normal capped at ``cap``, or uniform with about the same mean."""
-    import torch
-
     g = torch.Generator().manual_seed(seed)
     heavy = torch.empty(n).log_normal_(math.log(median), sigma, generator=g).round().clamp(1, cap).long()
     if dist == "demo":  # configs/demo.yaml: at most 48 new tokens
@@ -118,8 +92,6 @@ def responses(dist: str, n: int, median: float, sigma: float, cap: int, seed: in
 
 def make_sequences(lengths: list[int], prompt: int, vocab: int, seed: int):
     """Right-padded random sequences of ``lengths`` tokens, the first ``prompt`` of each the prompt."""
-    import torch
-
     from evolrl.logprobs import Sequences
 
     g = torch.Generator().manual_seed(seed)
@@ -133,8 +105,6 @@ def make_sequences(lengths: list[int], prompt: int, vocab: int, seed: int):
 
 
 def counted_weights(policy) -> dict[str, int]:
-    from torch import nn
-
     head, c = policy.get_output_embeddings(), policy.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     return {"blocks": sum(m.weight.numel() for m in policy.modules() if isinstance(m, nn.Linear) and m is not head),
@@ -155,14 +125,10 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
              entropy_coef: float, temperature: float, chunk: int, threads: int, allocator: str, device: str = "cpu",
              warmup: list[int] | None = None, ceiling: bool = False, profile: int = 0, compiled: bool = False,
              flex: bool = False, optimizer: str = "adamw") -> dict:
-    """One update per draw of sequence lengths, measured, in this (fresh) process. On ``cuda`` the policy and the
-    reference are built as a run under ``ModelParallelStrategy`` builds them (FSDP2 over a mesh of this one device,
-    bf16 all-gathers), peak memory is CUDA's allocated peak, and ``profile`` asks for the kernels
-    (``update_profile.cuda_profile``). ``compiled``:
-    ``Batching.compile_blocks``; ``flex``: ``Batching.flex_attention`` (packed passes); ``optimizer``: the module's
-    AdamW or plain SGD (no state: a shape whose AdamW moments do not fit)."""
-    import torch
-
+    """One update per draw of sequence lengths, measured, in this (fresh) process (on ``cuda`` as the module docstring
+    says). ``profile``: the kernels (``update_profile.cuda_profile``); ``compiled``: ``Batching.compile_blocks``;
+    ``flex``: ``Batching.flex_attention`` (packed passes); ``optimizer``: the module's AdamW or plain SGD (no state: a
+    shape whose AdamW moments do not fit)."""
     from evolrl.training import Batching, GRPOLoss, GRPOUpdate, Optimization
     from evolrl.training.build import Dtypes, build_models
     from evolrl.training.optim import build_optimizer, start_schedule
@@ -219,29 +185,24 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
         step(seqs)
         seconds = time.perf_counter() - start
         peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else status_mib("VmHWM")
-        passes = [pass_tokens([lengths[r] for r in micro], packed) for mini in update.plan(seqs) for micro in mini]
+        plan = [[pass_tokens([lengths[r] for r in micro], packed) for micro in mini] for mini in update.plan(seqs)]
+        passes = [tokens for mini in plan for tokens in mini]
         measured.append({"seconds": seconds, "update_mib": peak - before, "abs_mib": peak, "real": sum(lengths),
-                         "computed": sum(passes), "passes": len(passes), "largest": max(passes),
+                         "computed": sum(passes), "passes": len(passes), "largest": max(passes), "plan": plan,
                          "flops": update_flops(w, lengths, prompt=prompt, mini_batch=mini_batch, kl=kl_coef > 0)})
     out = {"draws": measured, "weights": w, "warmup_s": warmup_s, "graphs": [warm_graphs, traced_graphs()]}
     if ceiling and not cuda:  # the block matmuls alone at the first draw's mean pass size
         first = measured[0]
         out["block_mm"] = block_matmul_rate(policy, round(first["computed"] / first["passes"]),
                                             torch.bfloat16 if precision == "bf16-mixed" else torch.float32)
-    if profile:  # one more update, profiled (not in the update's time)
-        # on a GPU, lengths one token longer than the first draw's: shapes no kernel has met, as every training step
-        # brings (what plans per shape pays here as in training, not only in the timed update), and the first draw's
-        # work within a token a sequence, so that draw's unprofiled time is the wall time for the busy fraction
-        lengths = [n + 1 for n in draws[0]] if cuda else draws[0]
-
-        def again() -> None:
-            step(make_sequences(lengths, prompt, vocab=vocab, seed=seed + 2))
-
-        if cuda:
-            from tools.bench.update_profile import cuda_profile, summary_lines
-
-            wall = measured[0]["seconds"]
-            out["profile"] = "\n".join(summary_lines(cuda_profile(again, wall_s=wall, top=profile), top=profile))
+    if profile and cuda:  # one more update, profiled (not in the update's time; main refuses --profile on a CPU)
+        # on lengths one token longer than the first draw's: shapes no kernel has met, as every training step brings
+        # (what plans per shape pays here as in training, not only in the timed update), and the first draw's work
+        # within a token a sequence, so that draw's unprofiled time is the wall time for the busy fraction
+        lengths = [n + 1 for n in draws[0]]
+        profiled = cuda_profile(lambda: step(make_sequences(lengths, prompt, vocab=vocab, seed=seed + 2)),
+                                wall_s=measured[0]["seconds"], top=profile)
+        out["profile"] = "\n".join(summary_lines(profiled, top=profile))
     return out
 
 
@@ -268,9 +229,6 @@ def block_matmul_rate(policy, tokens: int, dtype) -> float:
     """FLOP/s of the model's own block matmuls alone at ``tokens`` rows: for every linear layer but the head, in order
     (each its own weight, as a pass meets them), the forward product and the backward's two (input and weight
     gradients), in ``dtype``; twice, the second timed. The most the update's block matmuls could reach here."""
-    import torch
-    from torch import nn
-
     head = policy.get_output_embeddings()
     weights = [m.weight.detach().to(dtype) for m in policy.modules() if isinstance(m, nn.Linear) and m is not head]
     flops, seconds = 0.0, 0.0
@@ -287,11 +245,8 @@ def block_matmul_rate(policy, tokens: int, dtype) -> float:
 
 def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str,
             warmup: list[int] | None = None) -> dict:
-    """Over ``draws``, after an update on ``warmup``: the median update time, tokens/s and FLOP/s
-    over all of them; the first draw's peak memory of live tensors, passes and padding, on a CPU from a second process
-    (the resident set's peak there counts freed memory the timing's allocator keeps), on a GPU from the timed process
-    (CUDA's allocated peak counts live tensors only; one process compiles once, where compiling a large shape takes
-    minutes)."""
+    """Over ``draws``, after an update on ``warmup``: the median update time, tokens/s and FLOP/s over all of them;
+    the first draw's peak memory of live tensors, passes and padding (which process measures what: module docstring)."""
     case = {"model": model, "path": path} | {k: getattr(a, k) for k in CASE}
     runs = {}
     processes = (("time", "trainer", {}, draws),
@@ -307,10 +262,9 @@ def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str
         runs[purpose] = json.loads(out.stdout.strip().splitlines()[-1])
     runs.setdefault("memory", runs["time"])
     timed = runs["time"]["draws"]
-    if "profile" in runs["time"]:
-        lengths = "draw 0's lengths + 1" if a.device == "cuda" else "draw 0"
-        print(f"\nwhere the time goes, {path} on {model} (an extra update on {lengths}, top {a.profile} operators):\n"
-              + runs["time"]["profile"], flush=True)
+    if "profile" in runs["time"]:  # a GPU's
+        print(f"\nwhere the time goes, {path} on {model} (an extra update on draw 0's lengths + 1, top {a.profile} "
+              "operators):\n" + runs["time"]["profile"], flush=True)
     seconds = sum(d["seconds"] for d in timed)
     return runs["memory"]["draws"][0] | {
         "weights": runs["time"]["weights"], "block_mm": runs["time"].get("block_mm"),
@@ -351,10 +305,33 @@ def compile_line(dist: str, path: str, m: dict) -> str:
 
 
 def checkpointing(setting: bool | int) -> str:
-    from tools.commands.gpu_budget import every_nth
-
     every = int(setting)
     return "on" if every == 1 else "off" if every == 0 else f"on {every_nth(every)}"
+
+
+def fitted_checkpointing(a: argparse.Namespace, model: Path, draws: list[list[int]]) -> int:
+    """``--checkpoint-every auto``: the checkpointing ``tools.commands.gpu_budget`` fits to this GPU (its memory less
+    2 GiB: the CUDA context, the caching allocator's slack) for the passes each path plans for these draws."""
+    import torch
+
+    from evolrl.training.plan import micro_batch_plan, pass_tokens, token_budget_plan
+    from tools.bench.update_profile import estimated_update_gib
+
+    plan = []
+    for lengths in ([a.prompt + x for x in draw] for draw in draws):
+        for path in a.paths:
+            rows = (token_budget_plan(lengths, a.mini_batch, a.budget, packed=True) if path == "packed" else
+                    micro_batch_plan(len(lengths), a.mini_batch, a.micro_batch))
+            plan += [[pass_tokens([lengths[r] for r in micro], path == "packed") for micro in mini] for mini in rows]
+    card = torch.cuda.get_device_properties(0).total_memory / 2**30 - 2
+    every = estimated_update_gib(model, plan, adamw=a.optimizer == "adamw", chunk=a.chunk, compiled=a.compiled,
+                                 fit_gib=card)
+    if every is None:
+        sys.exit(f"--checkpoint-every auto: tools.commands.gpu_budget fits no checkpointing to this GPU's {card:.1f} "
+                 "GiB (its memory less 2 GiB); even every layer's is estimated over it")
+    print(f"gradient checkpointing {checkpointing(every)}: what tools.commands.gpu_budget fits to this GPU's "
+          f"{card:.1f} GiB (its memory less 2 GiB) for the draws' passes\n", flush=True)
+    return every
 
 
 def main() -> None:
@@ -372,8 +349,9 @@ def main() -> None:
     p.add_argument("--cap", type=int, default=4096, help="longest response")
     p.add_argument("--precision", default="bf16-mixed", choices=["bf16-mixed", "32-true"])
     p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--checkpoint-every", type=int, metavar="N",
-                   help="checkpoint every N-th decoder layer (model.gradient_checkpointing: N) instead of every one")
+    p.add_argument("--checkpoint-every", metavar="N",
+                   help="checkpoint every N-th decoder layer (model.gradient_checkpointing: N) instead of every one; "
+                   "auto (a GPU): what tools.commands.gpu_budget fits to the card's memory for the draws' plans")
     p.add_argument("--kl-coef", type=float, default=0.001, help="0: no reference model, no reference pass")
     p.add_argument("--chunk", type=int, default=1024, help="logprob_chunk_size")
     p.add_argument("--threads", type=int, default=os.cpu_count())
@@ -404,17 +382,18 @@ def main() -> None:
     if a.quick or a.demo or a.paper:  # a preset's values are defaults: flags given beside them win
         p.set_defaults(**{**(QUICK if a.quick else {}), **(DEMO if a.demo else {}), **(PAPER if a.paper else {})})
         a = p.parse_args()
-    if a.checkpoint_every is not None:
-        if a.checkpoint_every < 1:
-            p.error(f"--checkpoint-every {a.checkpoint_every}: 1 or more (--no-gradient-checkpointing for none)")
-        a.gradient_checkpointing = a.checkpoint_every
-
-    import torch
+    if a.checkpoint_every not in (None, "auto"):
+        if not a.checkpoint_every.isdigit() or int(a.checkpoint_every) < 1:
+            p.error(f"--checkpoint-every {a.checkpoint_every}: 1 or more, or auto (--no-gradient-checkpointing for "
+                    "none)")
+        a.gradient_checkpointing = int(a.checkpoint_every)
 
     torch.set_num_threads(a.threads)
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if a.profile and a.device != "cuda":
-        p.error(f"--profile {a.profile}: profiles a GPU's kernels; on a CPU leave it out")
+    for flag, value, what in (("--profile", a.profile, "profiles a GPU's kernels"),
+                              ("--checkpoint-every", a.checkpoint_every == "auto" and "auto", "sizes to a GPU")):
+        if value and a.device != "cuda":
+            p.error(f"{flag} {value}: {what}; on a CPU leave it out")
     if a.flex:
         from evolrl.logprobs.packed_flex import check_flex
         from evolrl.settings import SettingError
@@ -424,8 +403,6 @@ def main() -> None:
         except SettingError as error:
             p.error(str(error))
     if a.device == "cuda":
-        from tools.bench.update_profile import card_peak
-
         rate, source = card_peak(torch.device("cuda"))
         peaks = {"bfloat16": rate}
         print(f"card peak: {source}")
@@ -433,23 +410,19 @@ def main() -> None:
         peaks = {dt: matmul_peak(dt, a.peak_size, a.peak_repeats) for dt in ("bfloat16", "float32")}
     print(f"# {a.sequences} sequences per step, mini-batch {a.mini_batch}; padded: micro-batch {a.micro_batch}, "
           f"packed: budget {a.budget} tokens; prompt {a.prompt} tokens; {a.precision}, gradient checkpointing "
-          f"{checkpointing(a.gradient_checkpointing)}, kl_coef {a.kl_coef} "
+          f"{'auto' if a.checkpoint_every == 'auto' else checkpointing(a.gradient_checkpointing)}, kl_coef {a.kl_coef} "
           f"({'with' if a.kl_coef > 0 else 'no'} reference pass), entropy_coef {a.entropy_coef}, temperature "
           f"{a.temperature}; {'compiled blocks, ' if a.compiled else ''}{'flex attention, ' if a.flex else ''}{a.threads} threads; "
-          + (f"per case one fresh process (time: median of {a.repeats} updates on their own draws, after a warm-up "
-             "update on another; peak: CUDA's allocated peak of the first draw)" if a.device == "cuda" else
-             f"per case two fresh processes (time: median of {a.repeats} updates on their own draws, after a warm-up "
-             "update on another; peak memory of live tensors: the first draw, after a warm-up update on two short "
-             "sequences)"))
+          f"per case {'one fresh process' if a.device == 'cuda' else 'two fresh processes'} (time: median of "
+          f"{a.repeats} updates on their own draws, after a warm-up update on another; " + (
+              "peak: CUDA's allocated peak of the first draw)" if a.device == "cuda" else
+              "peak memory of live tensors: the first draw, after a warm-up update on two short sequences)"))
     if a.device == "cpu":
         print(f"matmul peak ({a.peak_size}^3, best of {a.peak_repeats}): bf16 {peaks['bfloat16'] / 1e9:.1f} GFLOP/s, "
               f"fp32 {peaks['float32'] / 1e9:.1f} GFLOP/s")
-    steps = {d: [responses(d, a.sequences, median=a.median, sigma=a.sigma, cap=a.cap, seed=a.seed + i)
-                 for i in range(a.repeats)]
-             for d in a.dists}
-    warmups = {d: [a.prompt + x
-                   for x in responses(d, a.sequences, median=a.median, sigma=a.sigma, cap=a.cap, seed=a.seed - 1)]
-               for d in a.dists}
+    draw = lambda d, seed: responses(d, a.sequences, median=a.median, sigma=a.sigma, cap=a.cap, seed=seed)  # noqa: E731
+    steps = {d: [draw(d, a.seed + i) for i in range(a.repeats)] for d in a.dists}
+    warmups = {d: [a.prompt + x for x in draw(d, a.seed - 1)] for d in a.dists}
     for d, draws in steps.items():
         for i, r in enumerate(draws):
             print(f"{d}, draw {i}: responses mean {sum(r) / len(r):.0f}, median {sorted(r)[len(r) // 2]}, max "
@@ -467,7 +440,10 @@ def main() -> None:
                         "u.write_random_model(sys.argv[1], u.Path(sys.argv[2]), device=sys.argv[3])")
                 subprocess.run([sys.executable, "-c", draw, name, model, a.device], check=True, cwd=ROOT,
                                stdout=subprocess.DEVNULL)
-            print(f"\n## {name} ({model})\n\n{row(HEAD)}\n{row(['---'] * len(HEAD))}", flush=True)
+            print(f"\n## {name} ({model})\n", flush=True)
+            if a.checkpoint_every == "auto":
+                a.gradient_checkpointing = fitted_checkpointing(a, Path(model), [steps[d][0] for d in steps])
+            print(f"{row(HEAD)}\n{row(['---'] * len(HEAD))}", flush=True)
             results = {}
             for d, draws in steps.items():
                 for path in a.paths:
@@ -487,11 +463,12 @@ def main() -> None:
             if a.device == "cuda" and (Path(model) / "config.json").exists():
                 from tools.bench.update_profile import estimated_update_gib
 
-                estimate = estimated_update_gib(Path(model), budget_tokens=a.budget, adamw=a.optimizer == "adamw",
-                                                checkpoint_every=int(a.gradient_checkpointing), chunk=a.chunk)
                 for (d, path), m in results.items():
+                    estimate = estimated_update_gib(Path(model), m["plan"], adamw=a.optimizer == "adamw",
+                                                    checkpoint_every=int(a.gradient_checkpointing), chunk=a.chunk,
+                                                    compiled=a.compiled)
                     print(f"{d}, {path}: peak {m['abs_mib'] / 1024:.1f} GiB allocated; tools.commands.gpu_budget "
-                          f"estimates {estimate:.1f} GiB for one GPU at a {a.budget}-token budget with {a.optimizer}, "
+                          f"estimates {estimate:.1f} GiB for this plan's passes {m['plan']} with {a.optimizer}, "
                           f"checkpointing {checkpointing(a.gradient_checkpointing)} (no vLLM, no embedder)")
 
 

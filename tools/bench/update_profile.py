@@ -2,32 +2,26 @@
 a GPU.
 
 On a GPU (``cuda_profile``): torch.profiler's CUDA activity over one update gives the kernels that ran, when, and the
-launches the CPU made. The **GPU-busy fraction** is the time covered by at least one kernel (the union of their
-intervals, overlaps counted once) over the update's wall time measured *without* the profiler (the profiler slows
-the CPU side that launches kernels, hardly the kernels themselves), capped at 1. **Launches** count the CUDA runtime
-and driver calls that start a kernel (``cudaLaunchKernel``, ``cuLaunchKernel`` and their variants) on the CPU side.
-**Where the GPU idles** (``idle_by_cpu``): each gap between kernels charged to the CPU event running at its middle.
-
-Shapes (``QWEN3``): the published Qwen3 configs' decoder shapes, random weights (``write_random_model``), no
-download.
+launches the CPU made (``LAUNCHES``), and where the GPU idled (``idle_by_cpu``). The **GPU-busy fraction** is the time
+covered by at least one kernel (overlaps counted once) over the update's wall time measured *without* the profiler
+(the profiler slows the CPU side that launches kernels, hardly the kernels themselves), capped at 1. Shapes
+(``QWEN3``): the published Qwen3 configs' decoder shapes, random weights (``write_random_model``), no download.
 """
 
 from __future__ import annotations
 
 import re
-import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
 
-from tools.commands.gpu_budget import QWEN3, QWEN3_COMMON, from_config
-from tools.commands.gpu_budget import budget as memory_budget
+from tools.commands.gpu_budget import QWEN3, QWEN3_COMMON, Update, fitting_every, from_config, update_gib
+from tools.common import matmul_peak
 
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
-            "cudaLaunchCooperativeKernel",
-            "cudaGraphLaunch")
+            "cudaLaunchCooperativeKernel", "cudaGraphLaunch")
 """The CPU-side calls that start work on the GPU (a CUDA graph's launch counts once)."""
 
 DENSE_BF16_TFLOPS = {"H200": 989, "H100 PCIe": 756, "H100 NVL": 835, "H100": 989, "A100": 312, "L40S": 362,
@@ -41,8 +35,6 @@ def write_random_model(shape: str, directory: Path, device: str = "cpu") -> Path
     ``directory`` once (an existing one is reused)."""
     from tools.commands.gpu_check.runs import random_qwen3
 
-    if (directory / "config.json").exists():
-        return directory
     if shape not in QWEN3:
         raise SystemExit(f"unknown shape {shape!r}: one of {', '.join(QWEN3)}")
     fields = {**QWEN3_COMMON, **QWEN3[shape]}
@@ -127,7 +119,7 @@ def idle_by_cpu(kernels: list[tuple[float, float]], cpu: list, top: int) -> dict
         inner = open_[-1] if open_ else None
         seconds = (end - start) / 1e6
         operator[inner.name if inner else NO_OPERATOR] += seconds
-        place[call_place(inner, itself=True) if inner else NO_OPERATOR] += seconds
+        place[call_place(inner) if inner else NO_OPERATOR] += seconds
 
     def ranked(totals):
         return sorted(totals.items(), key=lambda kv: -kv[1])[:top]
@@ -140,15 +132,13 @@ COMPILED_GRAPH, COMPILED_REGION, BACKWARD = "## Call CompiledFxGraph", "Torch-Co
 breaks run eagerly), and the autograd engine running one node's backward."""
 
 
-def call_place(event, itself: bool = False) -> str:
-    """Where a kernel call ran, from the nearest enclosing event that says: inside a compiled graph; inside a compiled
-    function but outside its graphs (a graph break); in the backward of an autograd node (named, e.g. the gradient
-    accumulation into ``.grad`` or an eager operator's backward); inside a named region (a custom autograd function's
-    forward, the optimizer step); else among the eager operators of the update's own code. ``itself``: the event's own
-    name counts as an enclosing one."""
-    parent = event if itself else event.cpu_parent
-    while parent is not None:
-        name = parent.name
+def call_place(event) -> str:
+    """Where a kernel call ran, from ``event`` or the nearest event enclosing it that says: inside a compiled graph;
+    inside a compiled function but outside its graphs (a graph break); in the backward of an autograd node (named, e.g.
+    the gradient accumulation into ``.grad`` or an eager operator's backward); inside a named region (a custom autograd
+    function's forward, the optimizer step); else among the eager operators of the update's own code."""
+    while event is not None:
+        name = event.name
         if name.startswith(COMPILED_GRAPH):
             return "compiled graphs"
         if name.startswith(COMPILED_REGION):
@@ -157,7 +147,7 @@ def call_place(event, itself: bool = False) -> str:
             return "backward of " + name.removeprefix(BACKWARD)
         if "::" not in name and not name.startswith("## ") and not re.match(r"cuda?[A-Z]", name):  # not a runtime call
             return name
-        parent = parent.cpu_parent
+        event = event.cpu_parent
     return "eager operators"
 
 
@@ -181,23 +171,17 @@ def card_peak(device: torch.device) -> tuple[float, str]:
     for part, tflops in DENSE_BF16_TFLOPS.items():
         if part in name:
             return tflops * 1e12, f"{name}: {tflops} TFLOP/s dense bf16, published"
-    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ a
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(10):
-        a @ a
-    torch.cuda.synchronize()
-    rate = 10 * 2 * 8192**3 / (time.perf_counter() - start)
+    rate = matmul_peak("bfloat16", 8192, repeats=10, device=device)
     return rate, f"{name}: not in the table, measured 8192^3 bf16 matmul {rate / 1e12:.0f} TFLOP/s"
 
 
-def estimated_update_gib(model_dir: Path, budget_tokens: int, adamw: bool = True, checkpoint_every: int = 1,
-                         chunk: int = 1024) -> float:
-    """``tools.commands.gpu_budget``'s update-time estimate on one device, without the engine and the embedder
-    (``adamw=False``: an optimizer without state, as its ``--sgd``; ``checkpoint_every`` 0: no checkpointing)."""
-    rows = memory_budget(from_config(str(model_dir / "config.json")), gpus=1, gpu_gib=80.0, vllm_fraction=0.0,
-                         samples=1, prompt=0, new=budget_tokens, micro=None, max_tokens=budget_tokens, embed_batch=0,
-                         adamw=adamw, checkpoint_every=checkpoint_every, chunk=chunk)
-    return sum(update for name, _, _, update in rows[:-1] if not name.startswith(("vLLM", "embedder")))
+def estimated_update_gib(model_dir: Path, plan: list[list[int]], adamw: bool = True, checkpoint_every: int = 1,
+                         chunk: int = 1024, compiled: bool = False, fit_gib: float = 0.0) -> float | int | None:
+    """``tools.commands.gpu_budget``'s update-time estimate for ``bench_update``'s build on one GPU (FSDP2 over a
+    one-process mesh, gathered copies held) and ``plan`` (each mini-batch's pass tokens); ``adamw=False``: an
+    optimizer without state, as its ``--sgd``; ``checkpoint_every`` 0: no checkpointing. With ``fit_gib``: instead
+    the checkpointing that fits that many GiB (``gpu_budget.fitting_every``)."""
+    shape, update = from_config(str(model_dir / "config.json")), Update(
+        1, "held", plan=tuple(tuple(passes) for passes in plan), every=checkpoint_every, compiled=compiled,
+        chunk=chunk, adamw=adamw)
+    return fitting_every(shape, update, fit_gib) if fit_gib else update_gib(shape, update)
