@@ -1,34 +1,31 @@
 """The update's speed and numerics on one GPU, as one prepared script: offline, random-weight models built here from
 configs, each section in its own process under its own timeout, the report appended to as each section ends.
 
-    python -m tools.bench.gpu_update --out gpu-update --deadline 570  # one GPU: ~10 min of timeouts cut to 570 s
-    python -m tools.bench.gpu_update --out gpu-update --sections 1-5   # ~4-5 min on an H100, 405 s of timeouts
-    python -m tools.bench.gpu_update --out gpu-update --sections 6     # then the compiled update (240 s timeout)
-    python -m tools.bench.gpu_update --out cpu-update --cpu           # CPU mode, tiny sizes: ~2 min on 2 cores
+    python -m tools.bench.gpu_update --out gpu-update                # one GPU: the default sections, 650 s of timeouts
+    python -m tools.bench.gpu_update --out gpu-update --sections 2-6  # the earlier ones (the 1.7B update's targets)
+    python -m tools.bench.gpu_update --out cpu-update --cpu           # CPU mode, tiny sizes: ~1 min on 2 cores
 
-Sections, in the order they run (names or numbers for ``--sections``; each one's timeout on a GPU in brackets, 645 s
-in all; where one command may run 600 s at most, pass ``--deadline`` or run two commands with the same ``--out``):
+Sections, in the order they run (names or numbers for ``--sections``, or ``all``; each one's timeout on a GPU in
+brackets; ``BENCH`` holds each bench section's ``bench_update`` flags). Without ``--sections`` the default ones run: 1
+and 7-11, 650 s of timeouts, the figures still wanted; where one command may run 600 s at most, pass ``--deadline`` or
+run two commands with the same ``--out``:
 
-1. versions [30 s]: python, torch (CUDA), the device, transformers, lightning, triton; whether this torch has
-   ``torch.nn.attention.varlen.varlen_attn`` and its signature (its kernels against the per-sequence path are a GPU
-   test's: ``tests/test_varlen.py``).
-2. paper [120 s]: ``bench_update --paper --paths packed --repeats 2 --profile 10``, the Qwen3-1.7B shape uncompiled:
-   update s, tokens/s, MFU, GPU-busy fraction, kernel launches, peak allocated memory beside ``gpu_budget``'s
-   estimate (``bench_update`` draws the random weights on the device itself).
-3. 4b-sgd [130 s]: the Qwen3-4B shape with plain SGD (``--models qwen3-4b --optimizer sgd --repeats 2``; AdamW's
-   moments do not fit 80 GB), no profile: MFU, and the peak against the estimate.
-4. lr0 [75 s]: one update at learning rate 0 (``gpu_check``'s update shape: Qwen3-1.7B on a card of 60 GiB or more,
-   FSDP2 over a one-process mesh as a one-GPU ``ModelParallelStrategy`` run, 8 sequences, two mini-batches of 4):
-   the ratio exp(logp - old_logp) over mini-batch 2's scored tokens, its training pass against the no-grad pass that
-   gave the old log-probs (1 up to kernel noise), and the clip fractions the update reports (means over the two
-   mini-batches; mini-batch 1's are 0 by construction).
-5. kl [50 s]: ``gpu_check``'s KL probe at identical weights (``check.kl_at_positions``: one 12,288-token sequence,
-   its gap per band of positions, k3 KL) through the single-process build and through FSDP2 over a one-process mesh.
-6. paper-compiled [240 s]: section 2 with ``--compile --repeats 1 --checkpoint-every 3 --chunk 2048``: every 3rd layer
-   checkpointed, what ``gpu_budget --gpus 1 --no-vllm --no-embedder --shape 1.7b --gpu-gib 79`` fits to an 80 GB card,
-   and the larger head chunk (compiling the blocks took 133 s on an H100 with a cold cache): the compile time and
-   graphs besides. Last, as the section likeliest to run long. Skipped in CPU mode unless named in ``--sections``
-   (compiling the small model's C++ kernels takes ~3 minutes on 2 cores).
+1. versions [30 s]: the packages, the device, and this torch's ``varlen_attn`` signature (its kernels: a GPU test's).
+2. paper [120 s]: the Qwen3-1.7B shape uncompiled: MFU, GPU-busy fraction, launches, the peak beside ``gpu_budget``.
+3. 4b-sgd [130 s]: the Qwen3-4B shape with plain SGD (AdamW's moments do not fit 80 GB), no profile.
+4. lr0 [75 s]: one update at learning rate 0 on ``gpu_check``'s update shape, FSDP2 over a one-process mesh, two
+   mini-batches of 4: mini-batch 2's ratio exp(logp - old_logp) (1 up to kernel noise) and the clip fractions.
+5. kl [50 s]: ``check.kl_at_positions`` at identical weights, single-process and through FSDP2.
+6. paper-compiled [240 s]: section 2 compiled, with the checkpointing ``gpu_budget`` fits to the card and a 2,048-token
+   head chunk (compiling took 133 s on an H100 with a cold cache); skipped in CPU mode unless named.
+7. 4b-budget [190 s]: the Qwen3-4B shape compiled with SGD, passes of at most 16,384 tokens: fewer layers
+   checkpointed than at 32,768 (a route to MFU 0.45).
+8. 4b-adamw [130 s, its graphs cached by 7]: the Qwen3-4B shape compiled with the trainer's fused AdamW (its moments: 30 GiB): whether one
+   80 GB card holds it, and its MFU.
+9. embedder [80 s]: the novelty embedder (bf16, 8 texts a pass) on 64 texts of 2k, 8k and 12k tokens, at
+   Qwen3-Embedding-4B's and 0.6B's shapes: seconds and the peak above its weights.
+10. gather [50 s]: the Qwen3-4B policy's full bf16 tensors from FSDP2, one at a time, as a push streams them.
+11. flex [170 s]: section 6 with ``--flex``: it runs, or its error (skipped on a CPU: FlexAttention is CUDA's).
 
 Reading the report (``DIR/report.md``; ``DIR/report.json`` holds the same and the figures read): one line per
 invocation (command, machine, commit, time; a later invocation with the same ``--out`` appends), then a
@@ -49,8 +46,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import inspect
 import json
 import os
+import platform
 import re
 import shlex
 import subprocess
@@ -59,13 +58,18 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import torch
+
 from tools.bench import bench_update
-from tools.commands.gpu_check import check
+from tools.bench.bench_update import HEAD, make_sequences, responses
+from tools.commands.gpu_budget import QWEN3, QWEN3_COMMON
+from tools.commands.gpu_check import check, env, runs
 from tools.common import ROOT, commit, failure_report
 
 FAIL = "EVOLRL_GPU_UPDATE_FAIL"
@@ -79,16 +83,32 @@ class Section:
     title: str
     gpu_timeout: float
     cpu_timeout: float
+    default: bool = False
+    """Run without ``--sections``: the sections whose GPU figures are still wanted (issue order), within 660 s."""
+    cpu_skip: str = ""
+    """Why CPU mode skips it (unless named in ``--sections``, where it can run on a CPU at all)."""
 
 
 SECTIONS = (
-    Section("versions", "versions, and torch's varlen attention op against the per-sequence path", 30, 60),
+    Section("versions", "versions, and torch's varlen attention op against the per-sequence path", 30, 60,
+            default=True),
     Section("paper", "bench_update --paper --paths packed: the Qwen3-1.7B shape, uncompiled", 120, 120),
     Section("4b-sgd", "bench_update --paper --paths packed: the Qwen3-4B shape, SGD", 130, 120),
     Section("lr0", "an update at learning rate 0: mini-batch 2's ratio and the clip fractions", 75, 90),
     Section("kl", "KL at identical weights: single process and FSDP2", 50, 90),
     Section("paper-compiled", "bench_update --paper --paths packed --compile: the Qwen3-1.7B shape, compiled, "
-            "every 3rd layer checkpointed", 240, 300),
+            "the checkpointing that fits the card", 240, 300,
+            cpu_skip="compiling the small model's C++ kernels takes ~3 minutes on 2 cores; name it to run it"),
+    Section("4b-budget", "bench_update --paper --compile: the Qwen3-4B shape with SGD, passes of at most 16,384 "
+            "tokens, the checkpointing that fits the card", 190, 120, default=True),
+    Section("4b-adamw", "bench_update --paper --compile: the Qwen3-4B shape with the trainer's fused AdamW (fp32 "
+            "master weights and moments), the checkpointing that fits the card", 130, 120, default=True),
+    Section("embedder", "the novelty embedder over 64 responses of 2k, 8k and 12k tokens: Qwen3-Embedding-4B's and "
+            "0.6B's shapes", 80, 120, default=True),
+    Section("gather", "the Qwen3-4B policy's full weights gathered from FSDP2 as a push does, without vLLM", 50, 90,
+            default=True),
+    Section("flex", "bench_update --paper --compile --flex: FlexAttention under FSDP2, compiled", 170, 60, default=True,
+            cpu_skip="FlexAttention runs on CUDA only (bench_update refuses --flex on a CPU)"),
 )
 BY_NAME = {s.name: s for s in SECTIONS}
 
@@ -104,28 +124,17 @@ class Context:
 
     @property
     def device(self):
-        import torch
-
         return torch.device("cuda" if self.gpu else "cpu")
 
     @property
     def size(self) -> dict:
-        import torch
-
-        from tools.commands.gpu_check import env
-
-        gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if self.gpu else 0.0
-        return env.sizes(self.gpu, quick=False, gpu_gib=gib)
+        return env.sizes(self.gpu, quick=False)
 
     def model(self, name: str, size: dict, **kwargs) -> Path:
         """A random-weight Qwen3-shaped model of ``size["shape"]`` and ``size["vocab"]`` in ``work/models/NAME``
         (``gpu_check``'s ``runs.random_qwen3``), drawn on the device, built once."""
-        from tools.commands.gpu_check import runs
-
-        directory = self.work / "models" / name
-        if not (directory / "config.json").exists():
-            runs.random_qwen3(directory, size["shape"], vocab=size["vocab"], device=self.device.type, **kwargs)
-        return directory
+        return runs.random_qwen3(self.work / "models" / name, size["shape"], vocab=size["vocab"],
+                                 device=self.device.type, **kwargs)
 
 
 def table(head: list[str], rows: list) -> list[str]:
@@ -133,12 +142,6 @@ def table(head: list[str], rows: list) -> list[str]:
 
 
 def versions(ctx: Context) -> tuple[bool, list[str], dict]:
-    import platform
-
-    import torch
-
-    from tools.commands.gpu_check import env
-
     rows = [("python", platform.python_version()), ("torch", f"{torch.__version__} (CUDA {torch.version.cuda})"),
             ("device", env.device_line() if ctx.gpu else env.cpu_line()),
             *((name, env.version(name) or "missing") for name in ("transformers", "lightning", "triton")),
@@ -150,7 +153,6 @@ def versions(ctx: Context) -> tuple[bool, list[str], dict]:
     except ImportError as error:
         figures["varlen_attn"] = None
         return True, [*lines, f"`torch.nn.attention.varlen.varlen_attn`: missing in this torch ({error})"], figures
-    import inspect
 
     figures["varlen_attn"] = str(inspect.signature(varlen_attn))
     return True, [*lines, f"`torch.nn.attention.varlen.varlen_attn` exists: `varlen_attn{figures['varlen_attn']}`"
@@ -160,15 +162,23 @@ def versions(ctx: Context) -> tuple[bool, list[str], dict]:
 BENCH = {"paper": ["--paper", "--paths", "packed", "--repeats", "2", "--profile", "10"],
          "4b-sgd": ["--paper", "--paths", "packed", "--models", "qwen3-4b", "--optimizer", "sgd", "--repeats", "2"],
          "paper-compiled": ["--paper", "--paths", "packed", "--compile", "--repeats", "1", "--profile", "10",
-                            "--checkpoint-every", "3", "--chunk", "2048"]}
+                            "--checkpoint-every", "auto", "--chunk", "2048"],
+         "4b-budget": ["--paper", "--paths", "packed", "--models", "qwen3-4b", "--optimizer", "sgd", "--compile",
+                       "--repeats", "1", "--budget", "16384", "--checkpoint-every", "auto", "--chunk", "2048"],
+         "4b-adamw": ["--paper", "--paths", "packed", "--models", "qwen3-4b", "--compile", "--repeats", "1",
+                      "--checkpoint-every", "auto", "--chunk", "2048"],
+         "flex": ["--paper", "--paths", "packed", "--compile", "--flex", "--repeats", "1", "--checkpoint-every",
+                  "auto", "--chunk", "2048"]}
 """Each bench section's ``bench_update`` flags on a GPU."""
-BENCH_CPU = {"paper": [], "4b-sgd": ["--optimizer", "sgd"], "paper-compiled": ["--compile"]}
+BENCH_CPU = {"paper": [], "4b-sgd": ["--optimizer", "sgd"], "paper-compiled": ["--compile"],
+             "4b-budget": ["--optimizer", "sgd", "--budget", "128", "--checkpoint-every", "2"], "4b-adamw": []}
 """On a CPU: ``--quick --paths packed`` on the small model, and these."""
 FIGURES = {  # what a bench section reads from bench_update's output
     "busy": r"^GPU busy ([\d.]+) of the update \(([\d.]+) s of kernels\), (\d+) kernel launches, (\d+) kernels$",
     "estimate": r"^heavy, packed: peak ([\d.]+) GiB allocated; tools.commands.gpu_budget estimates ([\d.]+) GiB",
     "compile": r"^heavy, packed: the warm-up update took ([\d.]+) s and traced (\d+) graphs",
     "card": r"^card peak: (.+)$",
+    "checkpointing": r"^gradient checkpointing (.+): what tools.commands.gpu_budget fits",
 }
 
 
@@ -204,8 +214,6 @@ def bench(ctx: Context, name: str) -> tuple[bool, list[str], dict]:
 def read_bench(text: str) -> dict | None:
     """The figures of ``bench_update``'s output (its packed row and ``FIGURES``); None without the row. Also read from
     a section's log after a timeout, where the bench printed its row before the section's time ran out."""
-    from tools.bench.bench_update import HEAD
-
     row = re.search(r"^\| heavy \| packed \| (.+) \|$", text, re.MULTILINE)
     if row is None:
         return None
@@ -227,6 +235,8 @@ def summary_lines(figures: dict, gpu: bool) -> list[str]:
                peak, f"{estimate[1]:.1f} GiB" if estimate else "-"]
     lines = table(["update s", "tokens/s", "MFU (bf16 peak)", "GPU busy", "launches", "peak", "gpu_budget estimate"],
                   [summary])
+    if figures["checkpointing"]:
+        lines.append(f"gradient checkpointing {figures['checkpointing'][0]}, fitted to the card by gpu_budget")
     if figures["compile"]:
         lines.append(f"compiling: the warm-up update took {figures['compile'][0]} s and traced "
                      f"{figures['compile'][1]} graphs")
@@ -241,12 +251,9 @@ def number(text: str):
 
 
 def lr0(ctx: Context) -> tuple[bool, list[str], dict]:
-    import torch
-
     from evolrl.training import Batching, GRPOLoss, GRPOUpdate, Optimization
     from evolrl.training.build import Dtypes, build_models
     from evolrl.training.optim import build_optimizer, start_schedule
-    from tools.bench.bench_update import make_sequences, responses
 
     size = ctx.size["update"]
     run = ({"sequences": 8, "mini_batch": 4, "prompt": 256, "median": 1000, "cap": 4096, "budget": 8192} if ctx.gpu
@@ -320,8 +327,6 @@ def lr0(ctx: Context) -> tuple[bool, list[str], dict]:
 def kl(ctx: Context) -> tuple[bool, list[str], dict]:
     """``gpu_check``'s probe twice: as it builds (one process), then with ``build_models`` given a one-process mesh
     (the probe has no mesh parameter: its ``build_models`` is patched for the call)."""
-    from unittest import mock
-
     from evolrl.training import build
 
     size = ctx.size["kl"]
@@ -352,7 +357,79 @@ def kl(ctx: Context) -> tuple[bool, list[str], dict]:
                    f"the first's and above {check.KL_FLOOR})")], {"single": single, "fsdp2": sharded}
 
 
-CHILDREN = {"versions": versions, "lr0": lr0, "kl": kl, **{name: functools.partial(bench, name=name) for name in BENCH}}
+def qwen3_fields(name: str) -> dict:
+    """A named Qwen3 shape's config fields without its vocabulary (``random_qwen3`` takes that apart)."""
+    return {k: v for k, v in (QWEN3_COMMON | QWEN3[name]).items() if k != "vocab_size"}
+
+
+def peak_memory(ctx: Context, run) -> tuple[float, float | None]:
+    """``(seconds, peak GiB allocated above what was allocated before)`` of ``run()``; no memory figure on a CPU."""
+    cuda = torch.cuda if ctx.gpu else None
+    if cuda:
+        cuda.synchronize()
+        cuda.reset_peak_memory_stats()
+        before = cuda.memory_allocated()
+    start = time.perf_counter()
+    run()
+    if cuda:
+        cuda.synchronize()
+    return time.perf_counter() - start, (cuda.max_memory_allocated() - before) / 2**30 if cuda else None
+
+
+def embedder(ctx: Context) -> tuple[bool, list[str], dict]:
+    """``SentenceTransformerEmbedder`` as the novelty reward calls it (one ``embed`` of a step's 64 responses, bf16,
+    8 texts a pass) on random-weight Qwen3 encoders: time and the peak above its weights, per response length."""
+    from evolrl.rewards import SentenceTransformerEmbedder
+
+    tok, source = runs.tokenizer()
+    models = ({"Qwen3-Embedding-4B": qwen3_fields("qwen3-4b"), "Qwen3-Embedding-0.6B": qwen3_fields("qwen3-0.6b")}
+              if ctx.gpu else {"small": ctx.size["update"]["shape"]})
+    lengths, rows, figures = (2048, 8192, 12288) if ctx.gpu else (64, 256, 512), [], {}
+    for name, fields in models.items():  # a causal LM's checkpoint: sentence-transformers reads its decoder
+        directory = runs.random_qwen3(ctx.work / "models" / f"embedder-{name}", fields, tok, device=ctx.device.type)
+        embed = SentenceTransformerEmbedder(str(directory), device=ctx.device.type, batch_size=8, dtype="bfloat16",
+                                            max_seq_length=max(lengths))
+        embed.embed(["warm-up"])  # loads the weights: their memory is outside the peak below
+        for n in lengths:
+            g = torch.Generator().manual_seed(n)
+            texts = [tok.decode(torch.randint(len(tok), (n,), generator=g).tolist()) for _ in range(64)]
+            seconds, peak = peak_memory(ctx, lambda: embed.embed(texts))
+            figures[f"{name} {n}"] = {"seconds": seconds, "peak_gib": peak}
+            rows.append((name, f"{n:,}", f"{seconds:.2f}", "-" if peak is None else f"{peak:.1f} GiB"))
+        del embed
+        if ctx.gpu:
+            torch.cuda.empty_cache()
+    return True, [(f"64 texts of n random tokens each (tokenizer: {source}; the encoder truncates at n), one `embed` "
+                   "call, bf16, batch_size 8"), *table(["encoder shape", "n", "seconds", "peak above the weights"],
+                                                       rows)], figures
+
+
+def gather(ctx: Context) -> tuple[bool, list[str], dict]:
+    """The policy's parameters as full bf16 tensors, one at a time, from FSDP2 over a one-process mesh
+    (``vllm_weights.full_tensors``, what a push streams into the engine), each dropped as the next comes."""
+    from evolrl.rollout.vllm_weights import full_tensors
+    from evolrl.training.build import Dtypes, build_models
+
+    size = ({"shape": qwen3_fields("qwen3-4b"), "vocab": 151936, "name": "Qwen3-4B"} if ctx.gpu else
+            ctx.size["update"])
+    policy, _ = build_models(str(ctx.model("gather-4b" if ctx.gpu else "update", size)),
+                             Dtypes.resolve("bf16-mixed", "float32"), with_reference=False,
+                             mesh=bench_update.one_process_mesh(ctx.gpu), device=ctx.device)
+    got = {"tensors": 0, "bytes": 0}
+
+    def push() -> None:
+        for _, tensor in full_tensors(policy, torch.bfloat16):
+            got["tensors"] += 1
+            got["bytes"] += tensor.numel() * tensor.element_size()
+
+    seconds, peak = peak_memory(ctx, push)
+    figures = {**got, "seconds": seconds, "peak_gib": peak}
+    return got["tensors"] > 0, [*table(["shape", "tensors", "bf16 GiB", "seconds", "peak above the shards"], [(
+        size["name"], got["tensors"], f"{got['bytes'] / 2**30:.2f}", f"{seconds:.2f}",
+        "-" if peak is None else f"{peak:.2f} GiB")])], figures
+
+
+CHILDREN = {"versions": versions, "lr0": lr0, "kl": kl, "embedder": embedder, "gather": gather, **{name: functools.partial(bench, name=name) for name in BENCH}}
 
 
 def child(name: str, out: Path, gpu: bool) -> None:
@@ -378,8 +455,6 @@ def child(name: str, out: Path, gpu: bool) -> None:
 
 
 def run_section(number: int, section: Section, out: Path, gpu: bool, timeout: float) -> dict:
-    from tools.commands.gpu_check import runs
-
     work = out / "work"
     result_file = work / f"{section.name}.json"
     result_file.unlink(missing_ok=True)
@@ -419,9 +494,9 @@ def markdown(section: dict) -> str:
 
 
 def chosen_sections(text: str | None) -> list[str]:
-    """Names, numbers and ranges (``1-4``), comma-separated."""
-    if not text:
-        return [s.name for s in SECTIONS]
+    """Names, numbers and ranges (``1-4``), comma-separated, or ``all``; none: the default ones."""
+    if not text or text == "all":
+        return [s.name for s in SECTIONS if s.default or text]
     names = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
         if re.fullmatch(r"\d+(-\d+)?", part):
@@ -447,8 +522,6 @@ def timeouts(given: list[str], gpu: bool) -> dict[str, float]:
 
 def machine(gpu: bool) -> str:
     """The device without a CUDA context in this process (its children need the memory): nvidia-smi's name."""
-    from tools.commands.gpu_check import env
-
     if not gpu:
         return f"CPU mode: {env.cpu_line()}"
     try:
@@ -464,7 +537,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="report.md, report.json and work/ (logs, models)")
     parser.add_argument("--cpu", action="store_true", help="CPU mode (automatic without CUDA)")
-    parser.add_argument("--sections", help="comma-separated names, numbers or ranges (1-6); default all")
+    parser.add_argument("--sections", help=f"comma-separated names, numbers or ranges (1-{len(SECTIONS)}), or all; "
+                        "default: " + ", ".join(s.name for s in SECTIONS if s.default))
     parser.add_argument("--timeout", action="append", metavar="[NAME=]S",
                         help="seconds: every section's timeout, or NAME=S one section's (repeatable)")
     parser.add_argument("--deadline", type=float, metavar="S",
@@ -473,15 +547,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)  # internal: run one section in this process
     argv = sys.argv[1:] if argv is None else argv
     a = parser.parse_args(argv)
-    import torch
-
     gpu = torch.cuda.is_available() and not a.cpu
     if a.child:
         child(a.child, a.out, gpu)
     names, limits = chosen_sections(a.sections), timeouts(a.timeout, gpu)
     (a.out / "work").mkdir(parents=True, exist_ok=True)
-    from tools.commands.gpu_check import env
-
     started = datetime.datetime.now(datetime.timezone.utc)
     header = {"command": "python -m tools.bench.gpu_update " + shlex.join(argv), "machine": machine(gpu),
               "commit": "commit " + commit(), "started": f"{started:%Y-%m-%d %H:%M} UTC", "sections": []}
@@ -503,9 +573,8 @@ def main(argv: list[str] | None = None) -> int:
         left = a.deadline - (time.monotonic() - start) if a.deadline else float("inf")
         skipped = {"number": number, "name": section.name, "title": section.title, "seconds": 0.0,
                    "timeout": limits[section.name], "status": "skipped", "figures": {}}
-        if section.name == "paper-compiled" and not gpu and a.sections is None:
-            result = skipped | {"lines": [("skipped: CPU mode (compiling the small model's C++ kernels takes ~3 "
-                                           "minutes on 2 cores); name it in `--sections` to run it")]}
+        if section.cpu_skip and not gpu and (a.sections in (None, "all") or section.name not in BENCH_CPU):
+            result = skipped | {"lines": [f"skipped: CPU mode ({section.cpu_skip})"]}
         elif left < LEAST:
             result = skipped | {"lines": [f"skipped: {left:.0f} s left of `--deadline {a.deadline:g}`"]}
         else:
