@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from evolrl.data import AdditionPrompts, DataError, HubDataset, PromptFile, RolloutDataModule
+from evolrl.data import AdditionPrompts, DataError, Excluding, HubDataset, PromptFile, RolloutDataModule
 from evolrl.rollout import HFEngine, Sampling
 from evolrl.settings import SettingError
 
@@ -82,6 +82,23 @@ def test_addition_prompts_from_a_smallest_operand():
     assert min(numbers) >= 10 and max(numbers) <= 29 and len(numbers) == 90
     with pytest.raises(SettingError, match="AdditionPrompts.max_operand=9"):
         AdditionPrompts(min_operand=10, max_operand=9)
+
+
+def test_distinct_additions_and_a_training_set_without_the_held_out_ones():
+    held_out = AdditionPrompts(count=96, terms=3, min_operand=1, max_operand=9, seed=1, distinct=True)
+    questions = [p.question for p in held_out.load()]
+    assert len(set(questions)) == 96 and [p.id for p in held_out.load()] == [f"add-{i}" for i in range(96)]
+    drawn = AdditionPrompts(count=400, terms=3, min_operand=1, max_operand=9)
+    train = Excluding(drawn, held_out).load()
+    assert not {p.question for p in train} & set(questions)  # none of the held-out problems
+    assert train == [p for p in drawn.load() if p.question not in set(questions)]  # the rest, ids and order kept
+    assert len(train) < 400  # 400 draws from 729 problems: some fall among the 96
+    # distinct: false draws as before (every existing config's prompts are unchanged)
+    assert AdditionPrompts(count=3, seed=0, distinct=True).load()[0] == AdditionPrompts(count=3, seed=0).load()[0]
+    with pytest.raises(SettingError, match="AdditionPrompts.count=126.*at most 125 with distinct: true"):
+        AdditionPrompts(count=126, terms=3, min_operand=1, max_operand=5, distinct=True)
+    with pytest.raises(DataError, match="nothing is left to train on"):
+        Excluding(AdditionPrompts(count=2, seed=1), AdditionPrompts(count=2, seed=1)).load()
 
 
 def test_worked_examples_come_before_the_question_as_chat_turns(tiny_model):

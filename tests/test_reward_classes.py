@@ -67,6 +67,18 @@ def test_majority_vote_reward():
     assert out.rewards[1].tolist() == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
 
 
+def test_majority_vote_reward_can_watch_novelty_without_rewarding_it(minilm):
+    """TTRL's novelty as EVOL-RL reads it (Study IV's secondary criterion): the same bands, the same values, and TTRL's
+    rewards unchanged."""
+    rules = AnswerRules(valid_rule="digit", number_fallback=False)
+    watched = MajorityVoteReward(rules, watch_novelty=NoveltyBands(minilm))(batch())
+    assert watched.rewards.tolist() == MajorityVoteReward(rules)(batch()).rewards.tolist()
+    evol = EvolReward(NoveltyBands(minilm), rules)(batch())
+    valid = evol.components["valid"]
+    torch.testing.assert_close(watched.components["novelty"][valid], evol.components["novelty"][valid])
+    assert "novelty" not in MajorityVoteReward()(batch()).components
+
+
 def test_verifier_reward_uses_ground_truth():
     out = VerifierReward()(batch(answer="8"))
     assert out.labels == ("8", "12")
@@ -154,10 +166,10 @@ def test_each_reward_and_the_grader_keep_their_own_answer_rules():
 def test_a_reward_output_knows_the_components_its_reward_declares():
     out = MajorityVoteReward()(batch())
     assert out.components.names == tuple(MajorityVoteReward.components) == (
-        "valid", "majority", "answer_class", "trailing", "gated", "left_out")  # the last two: a consensus gate's
-    assert "gated" not in out.components  # declared, absent without a gate
-    with pytest.raises(KeyError, match="'novelty' is not a component its reward declares"):
-        "novelty" in out.components  # noqa: B015 (the test is that asking raises)
+        "valid", "majority", "answer_class", "trailing", "gated", "left_out", "novelty")  # a gate's, watched novelty
+    assert "gated" not in out.components and "novelty" not in out.components  # declared, absent without them
+    with pytest.raises(KeyError, match="'cluster_share' is not a component its reward declares"):
+        "cluster_share" in out.components  # noqa: B015 (the test is that asking raises)
     plain = VerifierReward()(batch(answer="8")).components
     assert "correct" in plain and "novelty" not in plain  # declared, and produced only with novelty bands
     assert set(SemanticEntropyReward()(batch()).components) == set(SemanticEntropyReward.components)

@@ -183,6 +183,17 @@ def test_the_chain_task_resolves_to_the_probed_candidate():
         assert sampling["stop"] == ["</answer>"] and sampling["max_new_tokens"] == picked["sampling"]["max_new_tokens"]
 
 
+def test_study_three_held_out_four_of_its_training_problems():
+    """docs/study.md's addendum to Study III: 4 of its 32 held-out problems are among its 320 training prompts (both
+    drawn with replacement from the same 1,000 sums); Study IV keeps them apart (``evolrl.data.Excluding``)."""
+    from evolrl.data import AdditionPrompts
+
+    data = resolved(study.run_configs("chain", "ttrl"))["data"]
+    train = AdditionPrompts(**data["train"]["init_args"]).load()
+    held_out = AdditionPrompts(**data["eval_sets"][0]["init_args"]["source"]["init_args"]).load()
+    assert sum(p.question in {t.question for t in train} for p in held_out) == 4 and len(held_out) == 32
+
+
 def test_an_interrupted_start_counts_up_to_the_checkpoint_the_next_goes_on_from(tmp_path):
     import json
     import time

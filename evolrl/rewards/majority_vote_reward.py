@@ -14,6 +14,7 @@ from evolrl.rewards.answer_rules import EVERY_ANSWER, AnswerRules
 from evolrl.rewards.answer_sheet import AnswerReward, AnswerSheet
 from evolrl.rewards.consensus_gate import COMPONENTS as GATE_COMPONENTS
 from evolrl.rewards.consensus_gate import ConsensusGate
+from evolrl.rewards.novelty_bands import NOVELTY, NoveltyBands
 from evolrl.rewards.policy_signal import PolicySignal
 from evolrl.settings import require
 from evolrl.types import RewardOutput, RolloutBatch
@@ -25,15 +26,20 @@ class MajorityVoteReward(AnswerReward):
     Args:
         answers: How answers are read; by default every response with an answer votes, as in TTRL.
         gate: When a group's majority may teach (:class:`~evolrl.rewards.ConsensusGate`); ``null``: always.
+        watch_novelty: Novelty bands whose novelty is measured and logged (``train/novelty_mean``), never rewarded:
+            TTRL's novelty read as EVOL-RL reads it, for comparing the two; ``null``: none measured.
     """
 
-    components = MappingProxyType({**AnswerReward.components, **GATE_COMPONENTS})
+    components = MappingProxyType({**AnswerReward.components, **GATE_COMPONENTS, "novelty": NOVELTY})
 
-    def __init__(self, answers: AnswerRules = EVERY_ANSWER, gate: ConsensusGate | None = None) -> None:
+    def __init__(self, answers: AnswerRules = EVERY_ANSWER, gate: ConsensusGate | None = None,
+                 watch_novelty: NoveltyBands | None = None) -> None:
         super().__init__(answers)
         require(gate is None or isinstance(gate, ConsensusGate), f"{type(self).__name__}.gate", gate,
                 allowed="null (no gating) or an evolrl.rewards.ConsensusGate")
-        self.gate = gate
+        require(watch_novelty is None or isinstance(watch_novelty, NoveltyBands),
+                f"{type(self).__name__}.watch_novelty", watch_novelty, allowed="null or an evolrl.rewards.NoveltyBands")
+        self.gate, self.watched = gate, watch_novelty
 
     @property
     def needs_policy(self) -> bool:  # SCRL's entropy-gated negatives read the policy's token entropy
@@ -49,5 +55,7 @@ class MajorityVoteReward(AnswerReward):
         return self.output(sheet, rewards, **parts)
 
     def score(self, batch: RolloutBatch, sheet: AnswerSheet) -> tuple[Tensor, dict[str, Tensor]]:
-        """``[P, V]`` rewards before the gate, and the components they were built from."""
-        return sheet.majority.float(), {}
+        """``[P, V]`` rewards before the gate, and the components they were built from (and the watched novelty)."""
+        if self.watched is None:
+            return sheet.majority.float(), {}
+        return sheet.majority.float(), {"novelty": self.watched(batch, sheet.majority, sheet.valid, spans=sheet.stated)[1]}

@@ -64,11 +64,11 @@ def _word(steps: int, max_number: int, system_prompt: str | None) -> dict:
             "data": {"system_prompt": system_prompt}, "sampling": {"max_new_tokens": 192}}
 
 
-def _chain(examples: list[dict], terms: int, max_operand: int, min_operand: int = 0) -> dict:
+def _chain(examples: list[dict], terms: int, max_operand: int, min_operand: int = 0, distinct: bool = False) -> dict:
     return {"source": {"class_path": "evolrl.data.AdditionPrompts",
                        # the question alone: an instruction left empty here would keep the demo's (config merge)
                        "init_args": {"terms": terms, "max_operand": max_operand, "min_operand": min_operand,
-                                     "instruction": ""}},
+                                     "instruction": "", **({"distinct": True} if distinct else {})}},
             "data": {"system_prompt": None, "examples": examples, "max_prompt_tokens": 512},  # the examples' turns
             "sampling": {"max_new_tokens": 64, "stop": ["</answer>"]}}
 
@@ -104,6 +104,13 @@ REASONING = {
         # The second round (docs/study.md): the same tasks, each example adding in an order of its own.
         "3 terms, 0-9, four worked examples in different orders": _chain(ORDERS_3, terms=3, max_operand=9),
         "4 terms, 0-9, four worked examples in different orders": _chain(ORDERS_4, terms=4, max_operand=9),
+        # Study IV's first round (docs/study.md): no zero to state the answer early, distinct held-out problems.
+        "3 terms, 1-5, four worked examples in different orders": _chain(
+            [shown((3, 5, 4), "3 + 5 = 8. 8 + 4 = 12."), shown((2, 4, 5), "4 + 5 = 9. 9 + 2 = 11."),
+             shown((5, 1, 3), "5 + 3 = 8. 8 + 1 = 9."), shown((1, 4, 3), "4 + 3 = 7. 7 + 1 = 8.")],
+            terms=3, max_operand=5, min_operand=1, distinct=True),
+        "3 terms, 1-9, four worked examples in different orders": _chain(
+            ORDERS_3, terms=3, max_operand=9, min_operand=1, distinct=True),
     },
 }
 """Candidate reasoning tasks of ``probe --task word|chain``: each a prompt source, data settings (the system prompt,
@@ -202,11 +209,11 @@ def probe_reasoning(a: argparse.Namespace) -> None:
         e, t = cells[a.samplings[0]], cells[a.samplings[-1]]
         rows.append(f"| {name} | {e['pass@1']:.3f} | {e['pass@16']:.3f} | {e['maj@16']:.3f} | {t['maj@16']:.3f} "
                     f"| {t['guess']:.3f} | {t['answered']:.2f} | {t['marked']:.2f} | {t['tokens before answer']:.0f} "
-                    f"| {t['ways to majority']:.1f} | {t['response tokens']:.0f} |")
+                    f"| {t['ways to majority']:.1f} | {t['2+ ways']:.2f} | {t['response tokens']:.0f} |")
     first, last = (f"T {SAMPLINGS[s][0]}, top-p {SAMPLINGS[s][1]}" for s in (a.samplings[0], a.samplings[-1]))
     print("| task | pass@1 | pass@16 | maj@16 | label accuracy (vote of 16) | guess (most frequent truth) | answered "
-          "| marked | median tokens before the answer | ways to the majority answer | median response tokens |\n"
-          + "|---" * 11 + "|")
+          "| marked | median tokens before the answer | ways to the majority answer | groups with 2+ ways "
+          "| median response tokens |\n" + "|---" * 12 + "|")
     print("\n".join(rows))
     print(f"\n{a.problems} problems per task (seed 1), 16 samples each, {ROOT / DEMO}'s model; pass@k and maj@16 at "
           f"{first}, the rest at {last}")

@@ -60,7 +60,8 @@ def ways_to_majority(texts: list[str]) -> int | None:
 def response_measures(rows: list[dict], tokenizer) -> dict[str, float]:
     """``guess``: share of problems whose truth is the most frequent truth; ``answered``: share of responses with an
     answer; ``marked``: share whose answer is in a box or an answer marker; ``tokens before answer``: median over the
-    answered responses; ``ways to majority``: mean of :func:`ways_to_majority` over the problems it counts;
+    answered responses; ``ways to majority``: mean of :func:`ways_to_majority` over the problems it counts; ``2+
+    ways``: share of all problems whose majority answer is reached in two ways or more;
     ``response tokens``: median length."""
     truths = Counter(row["truth"] for row in rows)
     responses = [r for row in rows for r in row["responses"]]
@@ -74,5 +75,6 @@ def response_measures(rows: list[dict], tokenizer) -> dict[str, float]:
         if responses else float("nan"),
         "tokens before answer": statistics.median(before) if before else float("nan"),
         "ways to majority": statistics.mean(ways) if ways else float("nan"),
+        "2+ ways": sum(n >= 2 for n in ways) / len(rows) if rows else float("nan"),  # of all groups
         "response tokens": statistics.median(lengths) if lengths else float("nan"),
     }
