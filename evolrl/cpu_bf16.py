@@ -26,6 +26,11 @@ def on_cpu(accelerator: object) -> bool:
     return name.startswith("cpu") or (name == "auto" and not torch.cuda.is_available())
 
 
+def emulated(precision: str, native: bool) -> bool:
+    """Whether ``precision`` asks for bf16 that this CPU would emulate (``native``: :func:`native_bf16`)."""
+    return str(precision).startswith("bf16") and not native
+
+
 def float32_where_bf16_is_emulated(config, native: bool) -> list[str]:
     """On a CPU without native bf16, ``trainer.precision`` bf16-* becomes ``32-true`` and a rollout engine's
     ``dtype: bfloat16`` becomes ``float32``, in ``config`` (the parsed CLI namespace, so the saved config.yaml
@@ -35,7 +40,7 @@ def float32_where_bf16_is_emulated(config, native: bool) -> list[str]:
         return []
     changes = []
     precision = str(config.trainer.precision)
-    if precision.startswith("bf16"):
+    if emulated(precision, native):
         config.trainer.precision = "32-true"
         changes.append(f"trainer.precision: {precision} -> 32-true")
     engine = getattr(config.data, "engine", None)

@@ -48,3 +48,20 @@ def test_an_unknown_choice_fails_at_start_naming_the_choices(tmp_path, tiny_mode
         main(["--config", str(build_config(tmp_path, tiny_model)), "--cpu_bf16", "always"], run=False)
     err = capsys.readouterr().err
     assert "cpu_bf16" in err and "auto" in err and "keep" in err
+
+
+@pytest.mark.parametrize(("native", "device", "choice", "expected"), [
+    (False, "cpu", "auto", "32-true"), (False, "cpu", "keep", "bf16-mixed"), (True, "cpu", "auto", "bf16-mixed"),
+    (False, "cuda", "auto", "bf16-mixed")])
+def test_the_trl_benchmark_applies_the_same_rule_to_both_frameworks_and_the_engine(monkeypatch, native, device, choice,
+                                                                                  expected):
+    """``tools.bench.bench`` on a CPU that reports no native bf16 (the CLI's own check, patched): both frameworks train
+    in the precision it resolves (the runners read ``a.precision``), and the vLLM engine samples in its dtype."""
+    from evolrl import cpu_bf16
+    from tools.bench import bench
+
+    monkeypatch.setattr(cpu_bf16, "native_bf16", lambda: native)
+    a = Namespace(device=device, cpu_bf16=choice, precision="bf16-mixed")
+    why = bench.precision_rule(a)
+    assert a.precision == expected and bool(why) == (expected == "32-true")
+    assert bench.vllm_engine(a).dtype == ("float32" if expected == "32-true" else "bfloat16")

@@ -69,7 +69,8 @@ def vllm_engine(a: argparse.Namespace):
     """evolrl's vLLM engine as the demo configures it (KV cache sized by the data module's largest call)."""
     from evolrl.rollout import VLLMEngine
 
-    return VLLMEngine(dtype="bfloat16", enforce_eager=a.device == "cpu", gpu_memory_utilization=0.3,
+    return VLLMEngine(dtype="bfloat16" if a.precision.startswith("bf16") else "float32",
+                      enforce_eager=a.device == "cpu", gpu_memory_utilization=0.3,
                       cpu_threads=f"0-{os.cpu_count() - 1}")
 
 
@@ -261,6 +262,17 @@ def results(rows: dict[str, dict[str, float]]) -> str:
                                    *(f"{m[k]:.2f}" for k in (*PARTS, "sync"))] for name, m in rows.items()]))
 
 
+def precision_rule(a: argparse.Namespace) -> str:
+    """The CLI's ``cpu_bf16`` rule for both frameworks: on a CPU without native bf16 (``evolrl.cpu_bf16``'s check),
+    bf16 runs in float32 unless ``--cpu-bf16 keep``; sets ``a.precision`` and says why, or returns ``""``."""
+    from evolrl import cpu_bf16
+
+    if a.device != "cpu" or a.cpu_bf16 == "keep" or not cpu_bf16.emulated(a.precision, cpu_bf16.native_bf16()):
+        return ""
+    a.precision = "32-true"
+    return "this CPU has no native bf16, so both frameworks and the engine run float32; --cpu-bf16 keep for bf16"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m tools.bench.bench",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -269,7 +281,10 @@ def main() -> None:
     p.add_argument("--frameworks", nargs="+", default=["evolrl", "trl"], choices=["evolrl", "evolrl-hf", "trl"],
                    help="evolrl-hf: evolrl sampling with HF generate, as TRL does without vLLM")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--precision", default="bf16-mixed", choices=["bf16-mixed", "32-true"])
+    p.add_argument("--precision", default="bf16-mixed", choices=["bf16-mixed", "32-true"],
+                   help="both frameworks' training and the vLLM engine's dtype (see --cpu-bf16)")
+    p.add_argument("--cpu-bf16", default="auto", choices=["auto", "keep"],
+                   help="as the CLI's cpu_bf16: auto runs bf16 in float32 on a CPU without native bf16")
     p.add_argument("--prompts", type=int, default=4, help="prompts per step")
     p.add_argument("--group", type=int, default=8, help="responses per prompt (trained on)")
     p.add_argument("--max-new-tokens", type=int, default=48)
@@ -296,8 +311,10 @@ def main() -> None:
 
     import torch
 
+    asked, why = a.precision, precision_rule(a)
+    asked = f" ({asked} asked: {why})" if why else ""
     print(f"# {a.prompts} prompts x {a.group} responses, {a.max_new_tokens} new tokens, micro-batch {a.micro_batch}, "
-          f"{a.precision}, gradient checkpointing {'on' if a.gradient_checkpointing else 'off'}, {a.steps} steps x {a.repeats} repeats, device {a.device} "
+          f"precision {a.precision}{asked}, gradient checkpointing {'on' if a.gradient_checkpointing else 'off'}, {a.steps} steps x {a.repeats} repeats, device {a.device} "
           f"({torch.cuda.get_device_name() if a.device == 'cuda' else f'{os.cpu_count()} CPU cores'})")
     with tempfile.TemporaryDirectory(prefix="evolrl-bench-tiny-") as tiny_dir:
         names = {"gguf": GGUF, "tiny": None}
