@@ -139,7 +139,7 @@ def test_a_run_keeps_the_study_callbacks_and_saves_its_latest_checkpoint(tmp_pat
     trainer = resolved(study.run_configs("addition", "ttrl") + [str(overlay)])["trainer"]
     assert trainer["enable_checkpointing"] is True
     assert [c["class_path"].rsplit(".", 1)[1] for c in trainer["callbacks"]] == ["PassAtK", "CollapseMonitor",
-                                                                                 "ModelCheckpoint"]
+                                                                                 "EvalResponses", "ModelCheckpoint"]
     saver = trainer["callbacks"][-1]["init_args"]
     assert saver["dirpath"] == str(tmp_path / "ttrl" / "seed0" / "checkpoints")
     assert (saver["every_n_train_steps"], saver["save_top_k"]) == (study.CHECKPOINT_EVERY, 1)
@@ -210,3 +210,65 @@ def test_an_interrupted_start_counts_up_to_the_checkpoint_the_next_goes_on_from(
     assert parts[1]["from"] == "step=20.ckpt" and parts[1]["seconds"] is None
     assert json.loads(parts_file.read_text()) == parts
     assert len(study.new_start(parts_file, resume=None)) == 1  # started again from the beginning: a new record
+
+
+def test_study_four_verdict_needs_ttrls_collapse_then_the_paired_gap(tmp_path):
+    """``summary --rule IV`` on hand-made runs: per-problem pass@16 from each run's last evaluation file, paired over
+    problems and pooled over seeds; inconclusive unless TTRL collapsed in 2 of 3 seeds; shown only with a gap of at
+    least +0.05 whose 90% bootstrap interval stays above 0."""
+    import json
+
+    def runs(arm: str, right: list[int]) -> list:
+        dirs = []
+        for seed in range(3):
+            directory = tmp_path / arm / f"seed{seed}" / "version_0"
+            directory.mkdir(parents=True)
+            for step, correct in ((0, [0] * 20), (80, right)):  # the last evaluation is the one read
+                rows = [{"id": f"add-{i}", "responses": [{"correct": bool(c)}] * 16} for i, c in enumerate(correct)]
+                (directory / f"val_responses_step{step}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            dirs.append(directory.parent)
+        return dirs
+
+    paths = {"evol_until": runs("evol", [1] * 20), "ttrl_watch": runs("ttrl", [1, 0] * 10)}
+    gap, low, high, problems = study.paired_pass16(paths["evol_until"], paths["ttrl_watch"])
+    assert (gap, problems) == (0.5, 20) and 0.05 < low < gap < high <= 1.0
+
+    def numbers(first: float, last: float) -> dict:
+        return {"entropy first 10": first, "entropy last 10": last, "novelty_mean last 10": 0.1, "pass@1 last": 0.5}
+
+    collapsed = {"evol_until": [numbers(1, 1)] * 3, "ttrl_watch": [numbers(1, 0.4), numbers(1, 0.3), numbers(1, 0.9)]}
+    assert study.verdict_iv(collapsed, paths, 10) == "shown"
+    held = {**collapsed, "ttrl_watch": [numbers(1, 0.41), numbers(1, 0.3), numbers(1, 0.9)]}
+    assert study.verdict_iv(held, paths, 10) == "inconclusive at this scale"
+    paths["ttrl_watch"] = runs("ttrl_b", [1] * 19 + [0])  # a gap of 0.05 whose interval reaches 0
+    assert study.verdict_iv(collapsed, paths, 10) == "not shown"
+
+
+def test_the_study_four_arms_differ_in_novelty_alone():
+    """docs/study.md's Study IV: the TTRL arm takes EVOL-RL's clipping, entropy bonus and answer rules, and watches
+    novelty as EVOL-RL reads it; beyond the reward's class and its novelty bands, the resolved runs are the same."""
+    evol, ttrl = (resolved(study.run_configs("chain4", m)) for m in ("evol_until", "ttrl_watch"))
+    e, t = evol["model"].pop("reward"), ttrl["model"].pop("reward")
+    for config in (evol, ttrl):
+        config["trainer"].pop("logger")  # its name only
+    assert evol == ttrl
+    assert (e["class_path"], t["class_path"]) == ("evolrl.rewards.EvolReward", "evolrl.rewards.MajorityVoteReward")
+    assert e["init_args"]["answers"] == t["init_args"]["answers"] and e["init_args"]["gate"] == t["init_args"]["gate"]
+    assert e["init_args"]["novelty"] == t["init_args"]["watch_novelty"]
+
+
+def test_study_four_trains_on_none_of_its_96_held_out_problems_and_runs_the_probed_task():
+    from evolrl.data import AdditionPrompts, Excluding
+    from tools.study.probe import REASONING
+
+    data = resolved(study.run_configs("chain4", "ttrl_watch"))["data"]
+    held_out = AdditionPrompts(**data["eval_sets"][0]["init_args"]["source"]["init_args"])
+    train = data["train"]["init_args"]
+    assert train["exclude"]["init_args"] == data["eval_sets"][0]["init_args"]["source"]["init_args"]
+    questions = {p.question for p in held_out.load()}
+    prompts = Excluding(AdditionPrompts(**train["source"]["init_args"]), held_out).load()
+    assert len(questions) == 96 and not questions & {p.question for p in prompts} and len(prompts) >= 80 * 4
+    picked = REASONING["chain"]["3 terms, 1-5, four worked examples in different orders"]
+    assert data["examples"] == picked["data"]["examples"]
+    assert {k: held_out.__dict__[k] for k in ("terms", "min_operand", "max_operand", "distinct")} == {
+        k: picked["source"]["init_args"][k] for k in ("terms", "min_operand", "max_operand", "distinct")}

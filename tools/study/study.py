@@ -56,6 +56,7 @@ METHODS = {
     "ttrl": ("TTRL", ["configs/demo_ttrl.yaml"]),
     "ttrl_clip_entropy": ("TTRL + clip-high + entropy", ["configs/demo_ttrl_clip_entropy.yaml"]),
     "evol_until": ("EVOL-RL until answer", ["configs/demo_until_answer.yaml"]),
+    "ttrl_watch": ("TTRL + clip-high + entropy", ["configs/demo_ttrl_clip_entropy.yaml", "configs/study4_ttrl.yaml"]),
     "self_certainty": ("self-certainty (Intuitor)", ["configs/demo_self_certainty.yaml"]),
     "token_entropy": ("token entropy (RENT)", ["configs/demo_token_entropy.yaml"]),
     "semantic_entropy": ("semantic entropy (EMPO)", ["configs/demo_semantic_entropy.yaml"]),
@@ -63,7 +64,8 @@ METHODS = {
 """Method -> (label, overlay configs on top of ``BASE``). Study I is the first two, Study II the first four
 (``--methods evol ttrl ttrl_clip_entropy evol_until``); the others are the other label-free methods, run side by
 side the same way (``--methods self_certainty token_entropy semantic_entropy``)."""
-TASKS = {"addition": [], "word": ["configs/study_reasoning.yaml"], "chain": ["configs/study_chain.yaml"]}
+TASKS = {"addition": [], "word": ["configs/study_reasoning.yaml"], "chain": ["configs/study_chain.yaml"],
+         "chain4": ["configs/study4.yaml"]}
 """``--task`` -> overlay configs between ``BASE`` and the method's: additions in [0, 29] (configs/study.yaml's own),
 the word problems of configs/study_reasoning.yaml (Study II's first reasoning candidate) or the chained sums of
 configs/study_chain.yaml (Study III's task, the probe's pick)."""
@@ -268,6 +270,49 @@ def verdict(numbers: dict[str, list[dict]], runs: dict[str, list[Path]], arm: st
     print(f"signature shown (every criterion in every seed): {mark[shown]}")
 
 
+def paired_pass16(arm: list[Path], ttrl: list[Path], resamples: int = 10_000) -> tuple[float, float, float, int]:
+    """Study IV's primary: per held-out problem at each run's last evaluation, pass@16 (any of its samples right)
+    averaged over each arm's seeds; ``(mean of arm's minus TTRL's, 5th and 95th percentiles of that mean over
+    resampled problems (seed 0), problems)``."""
+    import random
+
+    from tools.study.probe_responses import read_rows
+
+    def per_problem(runs: list[Path]) -> dict[str, float]:
+        last = [max(d.rglob("val_responses_step*.jsonl"), key=lambda f: int(f.stem.rpartition("step")[2])) for d in runs]
+        tables = [{row["id"]: any(r["correct"] for r in row["responses"]) for row in read_rows(f)} for f in last]
+        return {i: statistics.fmean(t[i] for t in tables) for i in tables[0]}
+
+    a, t = per_problem(arm), per_problem(ttrl)
+    gaps, g = [a[i] - t[i] for i in sorted(a)], random.Random(0)
+    means = sorted(statistics.fmean(g.choices(gaps, k=len(gaps))) for _ in range(resamples))
+    return statistics.fmean(gaps), means[resamples // 20], means[resamples - resamples // 20 - 1], len(gaps)
+
+
+def verdict_iv(numbers: dict[str, list[dict]], runs: dict[str, list[Path]], tail: int) -> str:
+    """Study IV's rule (docs/study.md): TTRL's collapse in 2 of 3 seeds first, then the paired pass@16; the secondary
+    criteria beside it. Returns the verdict."""
+    ttrl, evol = numbers["ttrl_watch"], numbers["evol_until"]
+    collapsed = [n[f"entropy last {tail}"] <= 0.4 * n[f"entropy first {tail}"] for n in ttrl]
+    gap, low, high, problems = paired_pass16(runs["evol_until"], runs["ttrl_watch"])
+
+    def ratio(key: str) -> float:
+        return statistics.fmean(n.get(key, math.nan) for n in evol) / statistics.fmean(n.get(key, math.nan) for n in ttrl)
+
+    pass1 = statistics.fmean(n["pass@1 last"] for n in evol) - statistics.fmean(n["pass@1 last"] for n in ttrl)
+    rows = [("precondition: TTRL collapsed (entropy last 10 <= 0.4 x first 10), seeds", f"{sum(collapsed)} of "
+             f"{len(collapsed)}", sum(collapsed) >= 2),
+            (f"primary: paired pass@16, EVOL-RL - TTRL, over {problems} problems (90% interval)",
+             f"{gap:+.3f} ({low:+.3f}, {high:+.3f})", gap >= 0.05 and low > 0),
+            ("secondary: entropy, EVOL-RL / TTRL", f"{ratio(f'entropy last {tail}'):.2f}",
+             ratio(f"entropy last {tail}") >= 1.5),
+            ("secondary: novelty, EVOL-RL / TTRL", f"{ratio(f'novelty_mean last {tail}'):.2f}",
+             ratio(f"novelty_mean last {tail}") >= 1.5),
+            ("secondary: pass@1, EVOL-RL - TTRL", f"{pass1:+.3f}", pass1 >= -0.05)]
+    print("\n".join(table(["Study IV (docs/study.md)", "value", "met"], [(n, v, "yes" if m else "no") for n, v, m in rows])))
+    return ("inconclusive at this scale" if not rows[0][2] else "shown" if rows[1][2] else "not shown")
+
+
 def evaluations(scalars: dict[str, list[dict]], methods: list[str]) -> None:
     """Held-out metrics at every evaluation step, mean +- sd over the seeds of each method."""
     heads = [f"{METHODS[m][0]} {name}" for name in FINAL for m in methods]
@@ -338,7 +383,9 @@ def summary(a: argparse.Namespace) -> None:
     print(f"\n{len(minutes)} runs, {sum(minutes):.0f} min in all ({min(minutes):.1f} to {max(minutes):.1f} a run)\n")
     per_run(scalars, runs, a.tail)
     print()
-    if {"ttrl", "evol_until"} <= set(a.methods):
+    if a.rule == "IV" and {"ttrl_watch", "evol_until"} <= set(a.methods):
+        print(f"verdict: {verdict_iv(numbers, runs, a.tail)}\n")
+    elif {"ttrl", "evol_until"} <= set(a.methods):
         verdict(numbers, runs, "evol_until", a.tail, a.rule)
         print()
     evaluations(scalars, a.methods)
@@ -368,7 +415,7 @@ def main() -> None:
     p.add_argument("--tail", type=int, default=10, help="summary: training curves averaged over this many steps")
     p.add_argument("--figure", help="summary: where the figure goes (default: curves.png in --out)")
     p.add_argument("--every-seed", action="store_true", help="summary: the figure draws each run, not the mean")
-    p.add_argument("--rule", choices=list(RULES), default="II",
+    p.add_argument("--rule", choices=[*RULES, "IV"], default="II",
                    help="summary: the study whose verdict rule applies (RULES; docs/study.md)")
     p.add_argument("--task", choices=list(TASKS), default="addition",
                    help="run: the task (TASKS); probe: its candidates (probe.CANDIDATES, probe.REASONING)")
@@ -377,7 +424,8 @@ def main() -> None:
                    help="probe --task word|chain: pass@k at the first, the vote and response measures at the last")
     p.add_argument("--problems", type=int, default=32, help="probe --task word|chain: problems per task")
     a = p.parse_args()
-    a.out = a.out or {"addition": "runs/study", "word": "runs/study_reasoning", "chain": "runs/study_chain"}[a.task]
+    a.out = a.out or {"addition": "runs/study", "word": "runs/study_reasoning", "chain": "runs/study_chain",
+                      "chain4": "runs/study4"}[a.task]
     if a.problems < 1:
         p.error(f"--problems {a.problems}: a probe needs at least 1 problem")
     count = len(REASONING.get(a.task, {}))
