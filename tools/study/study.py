@@ -300,14 +300,13 @@ def verdict_iv(numbers: dict[str, list[dict]], runs: dict[str, list[Path]], tail
         return statistics.fmean(n.get(key, math.nan) for n in evol) / statistics.fmean(n.get(key, math.nan) for n in ttrl)
 
     pass1 = statistics.fmean(n["pass@1 last"] for n in evol) - statistics.fmean(n["pass@1 last"] for n in ttrl)
-    rows = [("precondition: TTRL collapsed (entropy last 10 <= 0.4 x first 10), seeds", f"{sum(collapsed)} of "
+    entropy, novelty = ratio(f"entropy last {tail}"), ratio(f"novelty_mean last {tail}")
+    rows = [(f"precondition: TTRL collapsed (entropy last {tail} <= 0.4 x first {tail}), seeds", f"{sum(collapsed)} of "
              f"{len(collapsed)}", sum(collapsed) >= 2),
             (f"primary: paired pass@16, EVOL-RL - TTRL, over {problems} problems (90% interval)",
              f"{gap:+.3f} ({low:+.3f}, {high:+.3f})", gap >= 0.05 and low > 0),
-            ("secondary: entropy, EVOL-RL / TTRL", f"{ratio(f'entropy last {tail}'):.2f}",
-             ratio(f"entropy last {tail}") >= 1.5),
-            ("secondary: novelty, EVOL-RL / TTRL", f"{ratio(f'novelty_mean last {tail}'):.2f}",
-             ratio(f"novelty_mean last {tail}") >= 1.5),
+            ("secondary: entropy, EVOL-RL / TTRL", f"{entropy:.2f}", entropy >= 1.5),
+            ("secondary: novelty, EVOL-RL / TTRL", f"{novelty:.2f}", novelty >= 1.5),
             ("secondary: pass@1, EVOL-RL - TTRL", f"{pass1:+.3f}", pass1 >= -0.05)]
     print("\n".join(table(["Study IV (docs/study.md)", "value", "met"], [(n, v, "yes" if m else "no") for n, v, m in rows])))
     return ("inconclusive at this scale" if not rows[0][2] else "shown" if rows[1][2] else "not shown")
