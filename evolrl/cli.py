@@ -209,6 +209,15 @@ def quiet_start() -> None:
         lambda record: not record.getMessage().startswith("💡 Tip:"))
 
 
+TOP_LEVEL = {
+    "prog": "python -m evolrl",
+    "description": "EVOL-RL and the other label-free rewards on PyTorch Lightning (README.md).",
+    "epilog": "python -m evolrl export CHECKPOINT OUT_DIR turns a checkpoint into a Hugging Face model directory "
+              "(python -m evolrl export --help).",
+}
+"""The top-level ``--help``: ``export`` is not a Trainer method, so LightningCLI does not list it as a subcommand."""
+
+
 def main(args: list[str] | None = None, run: bool = True) -> EvolRLCLI:
     """The CLI on ``args`` (default: the command line); ``run=False`` only builds the module, data module and trainer
     from ``args`` without a subcommand (tools that must set up exactly what ``fit`` would)."""
@@ -222,6 +231,7 @@ def main(args: list[str] | None = None, run: bool = True) -> EvolRLCLI:
             RolloutDataModule,
             seed_everything_default=0,
             save_config_kwargs={"overwrite": True},
+            parser_kwargs=TOP_LEVEL,
             args=args,
             run=run,
         )

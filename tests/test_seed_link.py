@@ -67,6 +67,14 @@ def test_help_says_data_seed_follows_seed_everything(capsys):
     assert "--data.seed" in help_text and "the CLI's ``seed_everything``" in help_text
 
 
+def test_top_level_help_names_export(capsys):
+    # export is not a Trainer method, so LightningCLI's list of subcommands leaves it out; the epilog names it.
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert help_text.startswith("usage: python -m evolrl ") and "python -m evolrl export --help" in help_text
+
+
 @pytest.mark.parametrize("path", sorted(CONFIGS.rglob("*.yaml")), ids=lambda p: str(p.relative_to(CONFIGS)))
 def test_shipped_configs_keep_their_seeds(path):
     # A config that sets data.seed keeps it; one that does not now follows its seed_everything (0 in every shipped
