@@ -50,18 +50,21 @@ class HostReads(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("mini_batch_size", [4, 8])
-def test_a_packed_update_reads_the_device_once_per_optimizer_step_and_once_at_its_end(tmp_path, monkeypatch,
-                                                                                      mini_batch_size):
+@pytest.mark.parametrize("packing", ["packed", "shared_prompts"])
+def test_an_update_reads_the_device_once_per_optimizer_step_and_once_at_its_end(tmp_path, monkeypatch,
+                                                                                mini_batch_size, packing):
     tiny = str(make_tiny_model(tmp_path / "tiny"))
     policy, reference = load_policy(tiny), load_policy(tiny).eval().requires_grad_(False)
-    for model in (policy, reference):
+    for model in (policy, reference) if packing == "packed" else ():
         use_sequencewise_attention(model)  # what packed runs attend with (build.build_models)
     policy, reference = policy.to(META), reference.to(META)
-    seqs = mixed_sequences(int(policy.config.vocab_size)).to(META)  # 8 sequences, their layout taken on the host
+    # 8 sequences, their layout taken on the host; prompts of one length (one group a pass): no mask to read
+    seqs = mixed_sequences(int(policy.config.vocab_size), prompts=[4] * 8).to(META)
     optimizer = torch.optim.SGD(policy.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     update = GRPOUpdate(GRPOLoss(kl_coef=0.05), Batching(mini_batch_size=mini_batch_size, micro_batch_size=2,
-                                                         logprob_chunk_size=16, packed=True), max_grad_norm=1.0)
+                                                         logprob_chunk_size=16, **{packing: True}),
+                        max_grad_norm=1.0)
     mode = HostReads()
     tolist = torch.Tensor.tolist
 

@@ -1,7 +1,8 @@
 """The log-prob engine: per-token log-probs and entropy of many sequences under a causal LM, fast.
 
 Everything the GRPO update needs from a model's forward pass lives here, apart from the loss: the sequences as
-tensors (:class:`Sequences`), right-padded or packed passes (``forward.py``, ``packing.py``), attention that keeps
+tensors (:class:`Sequences`), right-padded, packed or shared-prompt passes (``forward.py``, ``packing.py``,
+``shared_prompts.py``), attention that keeps
 packed sequences apart (``sequencewise_attention.py``, ``packed_flex.py``), compiled blocks (``compiled.py``), the LM
 head fused into the log-softmax (``chunked_head.py``, ``from_logits.py``) and the CPU allocator setting
 (``allocator.py``). The update calls it through three functions:
@@ -22,6 +23,7 @@ from evolrl.logprobs.forward import check_fused_head, sequence_logprobs
 from evolrl.logprobs.packed_flex import check_flex, use_packed_flex
 from evolrl.logprobs.packing import check_packing, packed_logprobs
 from evolrl.logprobs.sequences import Sequences, trained_sequences
+from evolrl.logprobs.shared_prompts import check_shared_prompts, shared_prompt_logprobs
 from evolrl.logprobs.sequencewise_attention import use_sequencewise_attention
 
 __all__ = ["Sequences", "check", "keep_freed_memory", "prepare", "token_stats", "trained_sequences"]
@@ -42,7 +44,7 @@ def prepare(model: nn.Module | None, packed: bool = False, flex: bool = False,
 
 
 def check(model: nn.Module, device: torch.device, packed: bool = False, flex: bool = False, fused_head: bool = False,
-          compiled: bool = False) -> None:
+          compiled: bool = False, shared_prompts: bool = False) -> None:
     """At start, on ``device``: each setting that is on works for ``model`` (a SettingError naming it if not)."""
     if flex:
         check_flex(device)
@@ -52,12 +54,16 @@ def check(model: nn.Module, device: torch.device, packed: bool = False, flex: bo
         check_fused_head(model)
     if compiled:
         check_compiler(device)
+    if shared_prompts:
+        check_shared_prompts(model)
 
 
 def token_stats(model: nn.Module, seqs: Sequences, temperature: float, chunk_size: int, packed: bool = False,
-                fused_head: bool = True, compiled: bool = False, vocab_mean: bool = False) -> tuple[Tensor, ...]:
+                fused_head: bool = True, compiled: bool = False, vocab_mean: bool = False,
+                shared_prompts: bool = False) -> tuple[Tensor, ...]:
     """``(log-prob, entropy)`` of every next token of ``seqs``, ``[N, T - 1]``, under ``softmax(logits /
-    temperature)`` (and the vocabulary's mean log-prob with ``vocab_mean``): one packed row or right-padded rows."""
-    logprobs = packed_logprobs if packed else sequence_logprobs
+    temperature)`` (and the vocabulary's mean log-prob with ``vocab_mean``): one packed row, right-padded rows, or
+    each distinct prompt once and the responses on its KV cache."""
+    logprobs = packed_logprobs if packed else shared_prompt_logprobs if shared_prompts else sequence_logprobs
     return logprobs(model, seqs, temperature=temperature, chunk_size=chunk_size, fused_head=fused_head,
                     vocab_mean=vocab_mean, compiled_head=compiled)

@@ -47,10 +47,19 @@ def model_logprobs(model, inputs: dict, select: Callable[[Tensor], Tensor], targ
         compiled_head: With ``fused_head``, each chunk's softmax statistics and gradient through ``torch.compile``
             (``chunked_head._chunk_fn``).
     """
+    return model_stats(model, inputs, select, targets, temperature, chunk_size, fused_head=fused_head,
+                       vocab_mean=vocab_mean, compiled_head=compiled_head)[0]
+
+
+def model_stats(model, inputs: dict, select: Callable[[Tensor], Tensor], targets: Tensor, temperature: float,
+                chunk_size: int, fused_head: bool = True, vocab_mean: bool = False,
+                compiled_head: bool = False) -> tuple[tuple[Tensor, ...], object]:
+    """:func:`model_logprobs`, and the model's output (its ``past_key_values``, say) with the statistics in place of
+    its logits."""
     if not fused_head:
-        logits = model(**inputs).logits
+        output = model(**inputs)
         stats = token_stats if vocab_mean else logprobs_and_entropy
-        return stats(select(logits), targets, temperature=temperature, chunk_size=chunk_size)
+        return stats(select(output.logits), targets, temperature=temperature, chunk_size=chunk_size), output
     head = model.get_output_embeddings()
     stats = head_token_stats if vocab_mean else head_logprobs_and_entropy
 
@@ -59,8 +68,8 @@ def model_logprobs(model, inputs: dict, select: Callable[[Tensor], Tensor], targ
                                   chunk_size=chunk_size, bias=head.bias, compiled=compiled_head), -1)
 
     with _forward_replaced(head, fused):
-        stacked = model(**inputs).logits
-    return stacked.unbind(-1)
+        output = model(**inputs)
+    return output.logits.unbind(-1), output
 
 
 @contextmanager

@@ -21,11 +21,14 @@ class Layout:
     cols: Tensor
     """``[K]`` each: the response positions (``response_mask``'s true entries, CPU) when the batch was built. A mask
     narrowed later (overlong masking) scores a subset of them: a pass computes these and the mask zeroes the rest."""
+    prompts: Tensor
+    """``[N]`` for each sequence, the first sequence of the batch with the same prompt (the tokens before its first
+    response position): equal entries, one prompt (``shared_prompts.py`` computes it once)."""
 
     @staticmethod
-    def of(attention_mask: Tensor, response_mask: Tensor) -> Layout:
+    def of(input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor) -> Layout:
         rows, cols = response_mask.cpu().nonzero(as_tuple=True)
-        return Layout(attention_mask.cpu().sum(-1), rows, cols)
+        return Layout(attention_mask.cpu().sum(-1), rows, cols, _first_with_same_prompt(input_ids.cpu(), rows, cols))
 
     def select(self, rows: list[int]) -> Layout:
         """The layout of the sequences ``rows``, in that order."""
@@ -34,7 +37,16 @@ class Layout:
         order = new[self.rows]
         kept = order >= 0
         place = torch.sort(order[kept], stable=True).indices  # row by row, each row's columns in their order
-        return Layout(self.lengths[rows], order[kept][place], self.cols[kept][place])
+        return Layout(self.lengths[rows], order[kept][place], self.cols[kept][place], self.prompts[rows])
+
+
+def _first_with_same_prompt(input_ids: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
+    """``Layout.prompts`` of host ``input_ids`` whose response positions are ``(rows, cols)``; a sequence without
+    any is its own."""
+    first = torch.full((len(input_ids),), input_ids.shape[1], dtype=torch.long).scatter_reduce(0, rows, cols, "amin")
+    seen: dict[tuple[int, ...], int] = {}
+    return torch.tensor([seen.setdefault(tuple(ids[: end + 1].tolist()), i) if end < len(ids) else i
+                         for i, (ids, end) in enumerate(zip(input_ids, first.tolist()))], dtype=torch.long)
 
 
 def to_device(host: Tensor, device: torch.device) -> Tensor:
@@ -66,11 +78,12 @@ class Sequences:
 
     def __post_init__(self) -> None:
         if self.layout is None and self.attention_mask.device.type == "cpu":
-            object.__setattr__(self, "layout", Layout.of(self.attention_mask, self.response_mask))
+            object.__setattr__(self, "layout", Layout.of(self.input_ids, self.attention_mask, self.response_mask))
 
     def host_layout(self) -> Layout:
         """:attr:`layout`; for sequences built on a device, read from it (waiting for it)."""
-        return self.layout if self.layout is not None else Layout.of(self.attention_mask, self.response_mask)
+        return self.layout if self.layout is not None else Layout.of(self.input_ids, self.attention_mask,
+                                                                      self.response_mask)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -27,6 +27,9 @@ class Batching:
     packed: bool = False
     """Each pass's sequences back to back in one row, without padding; ``fit`` refuses it at start for a model whose
     packed sequences would see each other (``evolrl/logprobs/packing.py``)."""
+    shared_prompts: bool = False
+    """Each pass computes every distinct prompt once and its responses on that prompt's KV cache (a group's prompt
+    once, not G times); same math; not with ``packed``, FSDP or activation checkpointing (refused at start)."""
     flex_attention: bool = False
     """Packed passes attend with one FlexAttention call per layer and row (fewer GPU launches); needs ``packed``;
     refused at start on a CPU, where torch has no FlexAttention backward."""
@@ -64,6 +67,10 @@ class Batching:
         else:
             check_int("Batching.max_tokens_per_micro_batch", self.max_tokens_per_micro_batch, 1)
         require(isinstance(self.packed, bool), "Batching.packed", self.packed, allowed="true or false")
+        require(isinstance(self.shared_prompts, bool), "Batching.shared_prompts", self.shared_prompts,
+                allowed="true or false")
+        require(not (self.shared_prompts and self.packed), "Batching.shared_prompts", self.shared_prompts,
+                allowed="false when packed is true (a packed row has no KV cache to share)")
         require(isinstance(self.flex_attention, bool), "Batching.flex_attention", self.flex_attention,
                 allowed="true or false")
         require(not self.flex_attention or self.packed, "Batching.flex_attention", self.flex_attention,

@@ -84,7 +84,8 @@ class GRPOUpdate:
         """``token_stats`` of ``model`` over ``seqs`` as the settings say; ``chunk_size`` ``None``: the no-grad one."""
         b = self.batching
         return token_stats(model, seqs, temperature, chunk_size=chunk_size or b.logprob_chunk_size, packed=b.packed,
-                           fused_head=b.fused_head, compiled=b.compile_blocks, vocab_mean=vocab_mean)
+                           fused_head=b.fused_head, compiled=b.compile_blocks, vocab_mean=vocab_mean,
+                           shared_prompts=b.shared_prompts)
 
     @staticmethod
     def micro_batch(seqs: Sequences, rows: list[int]) -> Sequences:

@@ -1,0 +1,122 @@
+"""Shared-prompt passes (``Batching.shared_prompts``): each distinct prompt computed once, the same numbers as a
+right-padded pass. Tolerances: float32 with a different summation order (the prompt's keys and values summed into
+one gradient, attention over a cache), as ``test_packing.py``'s."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import run_update
+
+from evolrl.logprobs import token_stats
+from evolrl.logprobs.forward import sequence_logprobs
+from evolrl.logprobs.sequences import Sequences
+from evolrl.logprobs.shared_prompts import check_shared_prompts, shared_prompt_gap, shared_prompt_logprobs
+from evolrl.models import load_policy
+from evolrl.settings import SettingError
+from evolrl.training import Batching
+
+PROMPTS = [7, 4, 9]
+"""Three prompts of different lengths, so the shorter ones are left-padded in the prompts' pass."""
+RESPONSES = [[5, 1, 3], [2, 6], [4, 4, 1]]
+"""Each prompt's responses' lengths: one of a single token, whose only value comes from the prompts' pass."""
+
+
+def grouped_sequences(vocab: int, seed: int = 0) -> Sequences:
+    """Right-padded, group-major sequences: each prompt's responses one after another, as ``trained_sequences``."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for prompt_len, lengths in zip(PROMPTS, RESPONSES):
+        prompt = torch.randint(3, vocab, (prompt_len,), generator=generator)
+        rows += [(prompt, torch.randint(3, vocab, (n,), generator=generator)) for n in lengths]
+    width = max(len(p) + len(r) for p, r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    attention = torch.zeros(len(rows), width, dtype=torch.long)
+    response = torch.zeros(len(rows), width - 1, dtype=torch.bool)
+    for i, (prompt, answer) in enumerate(rows):
+        ids[i, : len(prompt) + len(answer)] = torch.cat([prompt, answer])
+        attention[i, : len(prompt) + len(answer)] = 1
+        response[i, len(prompt) - 1 : len(prompt) + len(answer) - 1] = True
+    return Sequences(ids, attention, response_mask=response, advantages=torch.randn(len(rows), generator=generator))
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model):
+    return load_policy(tiny_model)
+
+
+def test_rows_with_one_prompt_share_its_entry_and_keep_it_when_selected(policy):
+    seqs = grouped_sequences(policy.config.vocab_size)
+    assert seqs.host_layout().prompts.tolist() == [0, 0, 0, 3, 3, 5, 5, 5]
+    assert seqs.select([6, 3, 7, 0]).host_layout().prompts.tolist() == [5, 3, 5, 0]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("fused_head", [True, False])
+def test_shared_prompt_values_and_gradients_equal_the_padded_pass(tiny_model, attention, fused_head):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation=attention)
+    seqs = grouped_sequences(model.config.vocab_size)
+    weights = torch.randn(seqs.response_mask.shape, generator=torch.Generator().manual_seed(1))
+    results = []
+    for logprobs in (sequence_logprobs, shared_prompt_logprobs):
+        model.zero_grad()
+        logp, entropy = logprobs(model, seqs, temperature=0.7, chunk_size=16, fused_head=fused_head)
+        ((logp * weights + entropy) * seqs.response_mask).sum().backward()
+        results.append((logp.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (logp, entropy, grads), (shared_logp, shared_entropy, shared_grads) = results
+    mask = seqs.response_mask
+    torch.testing.assert_close(shared_logp[mask], logp[mask], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(shared_entropy[mask], entropy[mask], rtol=1e-5, atol=1e-5)
+    assert (shared_logp[~mask] == 0).all() and (shared_entropy[~mask] == 0).all()
+    for name, grad in grads.items():  # float32 summation order: 1e-6 of each tensor's largest entry
+        torch.testing.assert_close(shared_grads[name], grad, rtol=1e-5, atol=1e-6 * float(grad.abs().max()), msg=name)
+
+
+def test_the_vocabulary_mean_and_a_narrowed_mask_come_back_as_padded(policy):
+    seqs = grouped_sequences(policy.config.vocab_size)
+    narrowed = seqs.response_mask.clone()
+    narrowed[0, 7:] = False  # overlong masking after the batch was built: the layout keeps the wider positions
+    seqs = Sequences(seqs.input_ids, seqs.attention_mask, narrowed, seqs.advantages, layout=seqs.layout)
+    with torch.no_grad():
+        padded = token_stats(policy, seqs, 0.7, chunk_size=16, vocab_mean=True)
+        shared = token_stats(policy, seqs, 0.7, chunk_size=16, vocab_mean=True, shared_prompts=True)
+    assert len(shared) == 3
+    for ours, theirs in zip(shared, padded):
+        torch.testing.assert_close(ours[narrowed], theirs[narrowed], rtol=1e-5, atol=1e-5)
+        assert (ours[~narrowed] == 0).all()
+
+
+def test_a_filler_pass_is_a_padded_one(policy):
+    filler = Sequences.filler(torch.device("cpu"))
+    with torch.no_grad():
+        shared = shared_prompt_logprobs(policy, filler, temperature=0.7, chunk_size=16)
+        padded = sequence_logprobs(policy, filler, temperature=0.7, chunk_size=16)
+    for ours, theirs in zip(shared, padded):
+        assert torch.equal(ours, theirs)
+
+
+def test_a_step_with_shared_prompts_gives_the_padded_update(tiny_model, policy):
+    """The whole update (2 mini-batches, reference and old log-probs passes, SGD): parameters as the padded run's."""
+    seqs = grouped_sequences(policy.config.vocab_size)
+    _, stats, params = run_update(tiny_model, seqs, micro_batch_size=2)
+    _, shared_stats, shared_params = run_update(tiny_model, seqs, micro_batch_size=2, shared_prompts=True)
+    for key, value in stats.items():
+        assert shared_stats[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    for name, value in params.items():  # steps of 1e-6 to 1e-3; float32 rounding leaves ~4e-9
+        torch.testing.assert_close(shared_params[name], value, rtol=1e-6, atol=1e-8, msg=name)
+
+
+def test_the_start_check_passes_a_transformers_model_and_refuses_checkpointed_activations(tiny_model):
+    model = load_policy(tiny_model)
+    assert shared_prompt_gap(model) < 1e-5  # float32 rounding
+    check_shared_prompts(model)
+    model.gradient_checkpointing_enable()
+    with pytest.raises(SettingError, match="Batching.shared_prompts.*checkpoints its activations"):
+        check_shared_prompts(model)
+
+
+def test_shared_prompts_with_packing_is_refused_with_its_name():
+    with pytest.raises(SettingError, match="Batching.shared_prompts.*packed"):
+        Batching(shared_prompts=True, packed=True)
