@@ -34,6 +34,29 @@ def test_bench_update_quick_prints_both_paths():
     assert re.search(r"matmul peak \(\d+\^3, best of \d+\): bf16 [\d.]+ GFLOP/s, fp32 [\d.]+ GFLOP/s", result.stdout)
 
 
+def test_the_shared_prompt_path_runs_beside_the_padded_one_and_counts_each_prompt_once_a_group():
+    result = subprocess.run([sys.executable, "-m", "tools.bench.bench_update", "--quick", "--paths", "padded", "shared",
+                             "--group", "4", "--no-gradient-checkpointing", "--repeats", "1"], check=False,
+                            capture_output=True, text=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {m.group(1): m.group(2).split(" | ")
+            for m in re.finditer(r"^\| heavy \| (padded|shared) \| (.+) \|$", result.stdout, re.MULTILINE)}
+    assert set(rows) == {"padded", "shared"}, result.stdout
+    assert float(rows["shared"][1]) < float(rows["padded"][1])  # the largest pass: its prompts once
+    assert re.search(r"heavy, shared / padded: time [\d.]+x, .*tokens computed 0\.\d+x", result.stdout)
+    from tools.bench.bench_update import update_flops
+
+    w = {"blocks": 10, "head": 3, "layers": 2, "width": 4}
+    one = update_flops(w, [12, 9], prompt=6, mini_batch=2, kl=False)
+    assert update_flops(w, [12, 9], prompt=6, mini_batch=2, kl=False, shared=1) == one
+    saved = 2 * 3 * (2 * 10 * 6 / 2 + 2 * 2 * 4 * 6 * 7 / 2)  # two sequences, half their prompt each, 3 forwards
+    assert update_flops(w, [12, 9], prompt=6, mini_batch=2, kl=False, shared=2) == pytest.approx(one - saved)
+    refused = subprocess.run([sys.executable, "-m", "tools.bench.bench_update", "--paths", "shared"], check=False,
+                             capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert refused.returncode == 2 and "--no-gradient-checkpointing" in refused.stderr, refused.stderr
+
+
 def test_a_checkpoint_interval_below_one_or_a_gpus_flag_on_a_cpu_is_refused_before_anything_runs():
     result = subprocess.run([sys.executable, "-m", "tools.bench.bench_update", "--checkpoint-every", "0"], check=False,
                             capture_output=True, text=True, cwd=ROOT, timeout=120)

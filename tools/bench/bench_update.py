@@ -1,5 +1,5 @@
 """One GRPO update (``GRPOUpdate.__call__``) on a CPU or a GPU: padded fixed-count micro-batches vs packed token-budget
-ones.
+ones, or vs shared-prompt ones (``Batching.shared_prompts``: each group's prompt computed once).
 
     python -m tools.bench.bench_update                  # tiny + SmolLM2-135M (packaged GGUF): 15-30 min, 2 cores
     python -m tools.bench.bench_update --models tiny    # about a minute
@@ -10,6 +10,7 @@ ones.
     python -m tools.bench.bench_update --paper --models qwen3-4b --optimizer sgd  # 4B: AdamW's moments don't fit 80 GB
     python -m tools.bench.bench_update --models smollm2 --dists heavy --paths packed --compile
     python -m tools.bench.bench_update --paper --paths packed --profile 15 --compile --flex  # + FlexAttention
+    python -m tools.bench.bench_update --study4 --paths padded shared  # Study IV's update: few-shot prompts, G = 8
 
 What is built, timed and counted, the scale model of the paper's update the defaults are, and how to read the
 tables: docs/performance.md ("The update alone", "The update on a GPU"). The decisions, in short. The models are
@@ -19,7 +20,7 @@ on a GPU (``--device cuda``, the default where there is one) as a one-GPU ``Mode
 ``qwen3-8b``: random weights, no download). A sequence is a ``--prompt`` + a response of (a) ``heavy``: log-normal
 length (``--median``, ``--sigma``, capped at ``--cap``) or (b) ``uniform`` over [0.2 m, 1.8 m], m the mean of (a)'s
 sample (``demo``: configs/demo.yaml's); token ids, lengths and advantages seeded, so both paths train on the same
-sequences. Time: after a warm-up update on a draw of its own (seed ``--seed`` - 1: AdamW state allocated, the
+sequences; with ``--group G`` each run of G sequences shares its prompt's tokens (a GRPO group). Time: after a warm-up update on a draw of its own (seed ``--seed`` - 1: AdamW state allocated, the
 allocator's heap grown, as in any step after the first), the median of ``--repeats`` updates, each on its own draw
 (seeds ``--seed``, ``--seed`` + 1, ...: new shapes every time, as in training), under the allocator the trainer sets
 on a CPU (``evolrl/logprobs/allocator.py``). Peak memory on a CPU comes from a second process (the timing one's
@@ -32,7 +33,8 @@ FLOPs are model FLOPs (MFU): gradient-checkpointing recomputation and padding ar
 of which r are scored; N_b weights of the blocks' matmuls, N_h of the LM head (at scored positions only, as the
 update applies it), L layers, attention width a (heads x head_dim). A no-grad forward: 2 N_b s + 2 N_h r + 2 L a
 s(s+1) (causal: s(s+1)/2 query-key pairs, QK^T and AV); training three times that; old log-probs (mini-batches after
-the first) and the reference one no-grad forward each. MFU against the matmul peak measured in the same invocation
+the first) and the reference one no-grad forward each. The shared path's prompt of p tokens counts once a group of
+G: s - p + p / G tokens, s(s+1) - p(p+1)(1 - 1/G) pairs; so does "padding" (computed tokens beyond those). MFU against the matmul peak measured in the same invocation
 (bf16 and fp32) on a CPU, the card's dense bf16 peak on a GPU (``update_profile.card_peak``). "block mm GFLOP/s": the
 model's own block matmuls alone at the first draw's mean pass size, a ceiling on its MFU.
 """
@@ -73,7 +75,12 @@ PAPER = {"models": ["qwen3-1.7b"], "dists": ["heavy"], "sequences": 16, "mini_ba
 capped at 12,288; mini-batches of 8; packed passes of at most 32,768 tokens), the Qwen3-1.7B shape."""
 QUICK = {"models": ["tiny"], "repeats": 1, "dists": ["heavy"], "sequences": 8, "mini_batch": 4, "micro_batch": 2, "budget": 256,
          "prompt": 12, "median": 24, "cap": 96, "peak_size": 256, "peak_repeats": 3}
-CASE = ("prompt", "seed", "mini_batch", "micro_batch", "budget", "precision", "gradient_checkpointing", "kl_coef",
+STUDY4 = {"models": ["smollm2"], "dists": ["study4"], "sequences": 32, "mini_batch": 16, "micro_batch": 8,
+          "prompt": 225, "group": 8, "precision": "32-true", "gradient_checkpointing": False, "entropy_coef": 0.003,
+          "temperature": 0.7}
+"""``--study4``: Study IV's update (configs/study4.yaml): 4 prompts of about 225 tokens (four worked examples as chat
+turns), 8 trained responses each of 20-32 tokens, passes of one group, float32, KL 0.001."""
+CASE = ("prompt", "group", "seed", "mini_batch", "micro_batch", "budget", "precision", "gradient_checkpointing", "kl_coef",
         "entropy_coef", "temperature", "chunk", "threads", "device", "compiled", "flex",
         "optimizer")  # the settings a measurement takes from the command line
 
@@ -84,14 +91,17 @@ def responses(dist: str, n: int, median: float, sigma: float, cap: int, seed: in
     heavy = torch.empty(n).log_normal_(math.log(median), sigma, generator=g).round().clamp(1, cap).long()
     if dist == "demo":  # configs/demo.yaml: at most 48 new tokens
         return torch.randint(16, 49, (n,), generator=g).tolist()
+    if dist == "study4":  # Study IV's worked sums: 24-26 tokens on average
+        return torch.randint(20, 33, (n,), generator=g).tolist()
     if dist == "heavy":
         return heavy.tolist()
     mean = float(heavy.float().mean())
     return torch.randint(max(1, round(0.2 * mean)), round(1.8 * mean) + 1, (n,), generator=g).tolist()
 
 
-def make_sequences(lengths: list[int], prompt: int, vocab: int, seed: int):
-    """Right-padded random sequences of ``lengths`` tokens, the first ``prompt`` of each the prompt."""
+def make_sequences(lengths: list[int], prompt: int, vocab: int, seed: int, group: int = 1):
+    """Right-padded random sequences of ``lengths`` tokens, the first ``prompt`` of each the prompt, each run of
+    ``group`` sequences with one prompt."""
     from evolrl.logprobs import Sequences
 
     g = torch.Generator().manual_seed(seed)
@@ -99,6 +109,7 @@ def make_sequences(lengths: list[int], prompt: int, vocab: int, seed: int):
     width = int(length.max())
     attention = (torch.arange(width) < length[:, None]).long()
     ids = torch.randint(0, vocab, (len(lengths), width), generator=g) * attention
+    ids[:, :prompt] = ids[torch.arange(len(lengths)) // group * group, :prompt]
     target = torch.arange(width - 1)
     response = (target >= prompt - 1) & (target < length[:, None] - 1)  # logits at t score token t + 1
     return Sequences(ids, attention, response_mask=response, advantages=torch.randn(len(lengths), generator=g))
@@ -111,20 +122,35 @@ def counted_weights(policy) -> dict[str, int]:
             "head": head.weight.numel(), "layers": c.num_hidden_layers, "width": c.num_attention_heads * head_dim}
 
 
-def update_flops(w: dict[str, int], lengths: list[int], prompt: int, mini_batch: int, kl: bool) -> float:
-    """Model FLOPs of one update (module docstring)."""
+def update_flops(w: dict[str, int], lengths: list[int], prompt: int, mini_batch: int, kl: bool,
+                 shared: int = 1) -> float:
+    """Model FLOPs of one update (module docstring); ``shared``: each prompt computed once for that many sequences
+    (its tokens and its own attention pairs counted once a group)."""
     total = 0.0
     for i, s in enumerate(lengths):
-        forward = 2 * w["blocks"] * s + 2 * w["head"] * (s - prompt) + 2 * w["layers"] * w["width"] * s * (s + 1)
+        tokens = s - prompt + prompt / shared
+        pairs = s * (s + 1) - prompt * (prompt + 1) * (1 - 1 / shared)
+        forward = 2 * w["blocks"] * tokens + 2 * w["head"] * (s - prompt) + 2 * w["layers"] * w["width"] * pairs
         total += forward * (3 + (i >= mini_batch) + kl)
     return total
+
+
+def computed_tokens(rows: list[int], lengths: list[int], path: str, prompt: int, group: int) -> int:
+    """Tokens a pass over the sequences ``rows`` computes on (``plan.pass_tokens``); shared: each group's prompt once
+    and the responses padded to the longest."""
+    from evolrl.training.plan import pass_tokens
+
+    sizes = [lengths[r] for r in rows]
+    if path != "shared":
+        return pass_tokens(sizes, path == "packed")
+    return len({r // group for r in rows}) * prompt + len(rows) * (max(sizes, default=prompt) - prompt)
 
 
 def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: str, mini_batch: int,
              micro_batch: int, budget: int, precision: str, gradient_checkpointing: bool | int, kl_coef: float,
              entropy_coef: float, temperature: float, chunk: int, threads: int, allocator: str, device: str = "cpu",
              warmup: list[int] | None = None, ceiling: bool = False, profile: int = 0, compiled: bool = False,
-             flex: bool = False, optimizer: str = "adamw") -> dict:
+             flex: bool = False, optimizer: str = "adamw", group: int = 1) -> dict:
     """One update per draw of sequence lengths, measured, in this (fresh) process (on ``cuda`` as the module docstring
     says). ``profile``: the kernels (``update_profile.cuda_profile``); ``compiled``: ``Batching.compile_blocks``;
     ``flex``: ``Batching.flex_attention`` (packed passes); ``optimizer``: the module's AdamW or plain SGD (no state: a
@@ -132,8 +158,6 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
     from evolrl.training import Batching, GRPOLoss, GRPOUpdate, Optimization
     from evolrl.training.build import Dtypes, build_models
     from evolrl.training.optim import build_optimizer, start_schedule
-    from evolrl.training.plan import pass_tokens
-
     torch.set_num_threads(threads)
     cuda = device == "cuda"
     if allocator == "trainer" and not cuda:
@@ -148,7 +172,7 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
                                      flex=flex and packed)
     batching = Batching(mini_batch_size=mini_batch, micro_batch_size=micro_batch, logprob_chunk_size=chunk,
                         max_tokens_per_micro_batch=budget if packed else None, packed=packed,
-                        compile_blocks=compiled, flex_attention=flex and packed)
+                        compile_blocks=compiled, flex_attention=flex and packed, shared_prompts=path == "shared")
     update = GRPOUpdate(GRPOLoss(kl_coef=kl_coef, entropy_coef=entropy_coef), batching, max_grad_norm=1.0)
     optim, scheduler = build_optimizer(list(policy.parameters()), Optimization())  # AdamW's state: at its step
     if optimizer == "sgd":
@@ -168,12 +192,12 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
         sync()
 
     start = time.perf_counter()
-    step(make_sequences(warmup or [prompt + 16] * 2, prompt, vocab=vocab, seed=seed + 1))  # warm-up
+    step(make_sequences(warmup or [prompt + 16] * 2, prompt, vocab=vocab, seed=seed + 1, group=group))  # warm-up
     warmup_s, warm_graphs = time.perf_counter() - start, traced_graphs()
     w = counted_weights(policy)
     measured = []
     for i, lengths in enumerate(draws):
-        seqs = make_sequences(lengths, prompt, vocab=vocab, seed=seed + 2 + i)
+        seqs = make_sequences(lengths, prompt, vocab=vocab, seed=seed + 2 + i, group=group)
         gc.collect()
         if cuda:
             before = torch.cuda.memory_allocated() / 2**20
@@ -185,11 +209,15 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
         step(seqs)
         seconds = time.perf_counter() - start
         peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else status_mib("VmHWM")
-        plan = [[pass_tokens([lengths[r] for r in micro], packed) for micro in mini] for mini in update.plan(seqs)]
+        plan = [[computed_tokens(micro, lengths, path, prompt, group) for micro in mini]
+                for mini in update.plan(seqs)]
         passes = [tokens for mini in plan for tokens in mini]
+        shared = group if path == "shared" else 1
         measured.append({"seconds": seconds, "update_mib": peak - before, "abs_mib": peak, "real": sum(lengths),
+                         "needed": sum(lengths) - prompt * len(lengths) * (1 - 1 / shared),
                          "computed": sum(passes), "passes": len(passes), "largest": max(passes), "plan": plan,
-                         "flops": update_flops(w, lengths, prompt=prompt, mini_batch=mini_batch, kl=kl_coef > 0)})
+                         "flops": update_flops(w, lengths, prompt=prompt, mini_batch=mini_batch, kl=kl_coef > 0,
+                                               shared=shared)})
     out = {"draws": measured, "weights": w, "warmup_s": warmup_s, "graphs": [warm_graphs, traced_graphs()]}
     if ceiling and not cuda:  # the block matmuls alone at the first draw's mean pass size
         first = measured[0]
@@ -200,7 +228,7 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
         # (what plans per shape pays here as in training, not only in the timed update), and the first draw's work
         # within a token a sequence, so that draw's unprofiled time is the wall time for the busy fraction
         lengths = [n + 1 for n in draws[0]]
-        profiled = cuda_profile(lambda: step(make_sequences(lengths, prompt, vocab=vocab, seed=seed + 2)),
+        profiled = cuda_profile(lambda: step(make_sequences(lengths, prompt, vocab=vocab, seed=seed + 2, group=group)),
                                 wall_s=measured[0]["seconds"], top=profile)
         out["profile"] = "\n".join(summary_lines(profiled, top=profile))
     return out
@@ -288,7 +316,7 @@ HEAD = ["distribution", "path", "passes", "largest pass", "padding", "update s",
 
 def result_row(name: str, path: str, m: dict, peaks: dict[str, float]) -> str:
     rate = m["flops_s"]
-    return row([name, path, m["passes"], m["largest"], f"{1 - m['real'] / m['computed']:.3f}", f"{m['seconds']:.2f}",
+    return row([name, path, m["passes"], m["largest"], f"{1 - m['needed'] / m['computed']:.3f}", f"{m['seconds']:.2f}",
                 f"{m['tokens_s']:.0f}", f"{m['update_mib']:.0f}", f"{m['abs_mib']:.0f}",
                 f"{rate / 1e9:.3g}", f"{rate / peaks['bfloat16']:.3g}",
                 f"{rate / peaks['float32']:.3g}" if peaks.get("float32") else "-",
@@ -338,12 +366,13 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="python -m tools.bench.bench_update",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["tiny", "smollm2"], help="tiny, smollm2 or a model string")
-    p.add_argument("--dists", nargs="+", default=["heavy", "uniform"], choices=["heavy", "uniform", "demo"])
+    p.add_argument("--dists", nargs="+", default=["heavy", "uniform"], choices=["heavy", "uniform", "demo", "study4"])
     p.add_argument("--sequences", type=int, default=8, help="sequences per step (P x G)")
     p.add_argument("--mini-batch", type=int, default=4, help="sequences per optimizer step")
     p.add_argument("--micro-batch", type=int, default=2, help="padded path: sequences per pass")
     p.add_argument("--budget", type=int, default=1024, help="packed path: tokens per pass")
     p.add_argument("--prompt", type=int, default=60, help="prompt tokens per sequence")
+    p.add_argument("--group", type=int, default=1, help="sequences per prompt (a run of G shares its prompt's tokens)")
     p.add_argument("--median", type=float, default=300, help="median of the heavy-tailed response length")
     p.add_argument("--sigma", type=float, default=1.0, help="sigma of the log-normal response length")
     p.add_argument("--cap", type=int, default=4096, help="longest response")
@@ -366,6 +395,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="smoke test, defaults: " + json.dumps(QUICK))
     p.add_argument("--demo", action="store_true", help="configs/demo.yaml's update, defaults: " + json.dumps(DEMO))
     p.add_argument("--paper", action="store_true", help="a paper-like update on a GPU, defaults: " + json.dumps(PAPER))
+    p.add_argument("--study4", action="store_true", help="Study IV's update, defaults: " + json.dumps(STUDY4))
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda where there is one")
     p.add_argument("--compile", dest="compiled", action="store_true",
                    help="Batching.compile_blocks: each decoder block's forward through torch.compile")
@@ -373,14 +403,15 @@ def main() -> None:
                    help="Batching.flex_attention: packed passes attend with one FlexAttention call per row (CUDA only)")
     p.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"],
                    help="the module's AdamW, or SGD without state (Qwen3-4B's AdamW moments do not fit one 80 GB GPU)")
-    p.add_argument("--paths", nargs="+", default=["padded", "packed"], choices=["padded", "packed"])
+    p.add_argument("--paths", nargs="+", default=["padded", "packed"], choices=["padded", "packed", "shared"])
     p.add_argument("--case", help=argparse.SUPPRESS)  # internal: one measurement, its JSON on stdout
     a = p.parse_args()
     if a.case:
         print(json.dumps(run_case(**json.loads(a.case))))
         return
-    if a.quick or a.demo or a.paper:  # a preset's values are defaults: flags given beside them win
-        p.set_defaults(**{**(QUICK if a.quick else {}), **(DEMO if a.demo else {}), **(PAPER if a.paper else {})})
+    if a.quick or a.demo or a.paper or a.study4:  # a preset's values are defaults: flags given beside them win
+        p.set_defaults(**{**(QUICK if a.quick else {}), **(DEMO if a.demo else {}), **(PAPER if a.paper else {}),
+                          **(STUDY4 if a.study4 else {})})
         a = p.parse_args()
     if a.checkpoint_every not in (None, "auto"):
         if not a.checkpoint_every.isdigit() or int(a.checkpoint_every) < 1:
@@ -388,6 +419,9 @@ def main() -> None:
                     "none)")
         a.gradient_checkpointing = int(a.checkpoint_every)
 
+    if "shared" in a.paths and a.gradient_checkpointing:
+        p.error("--paths shared: transformers keeps no KV cache under gradient checkpointing; add "
+                "--no-gradient-checkpointing")
     torch.set_num_threads(a.threads)
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     for flag, value, what in (("--profile", a.profile, "profiles a GPU's kernels"),
@@ -409,7 +443,7 @@ def main() -> None:
     else:
         peaks = {dt: matmul_peak(dt, a.peak_size, a.peak_repeats) for dt in ("bfloat16", "float32")}
     print(f"# {a.sequences} sequences per step, mini-batch {a.mini_batch}; padded: micro-batch {a.micro_batch}, "
-          f"packed: budget {a.budget} tokens; prompt {a.prompt} tokens; {a.precision}, gradient checkpointing "
+          f"packed: budget {a.budget} tokens; prompt {a.prompt} tokens, {a.group} sequences per prompt; {a.precision}, gradient checkpointing "
           f"{'auto' if a.checkpoint_every == 'auto' else checkpointing(a.gradient_checkpointing)}, kl_coef {a.kl_coef} "
           f"({'with' if a.kl_coef > 0 else 'no'} reference pass), entropy_coef {a.entropy_coef}, temperature "
           f"{a.temperature}; {'compiled blocks, ' if a.compiled else ''}{'flex attention, ' if a.flex else ''}{a.threads} threads; "
@@ -454,9 +488,9 @@ def main() -> None:
                         print(compile_line(d, path, results[d, path]), flush=True)
             w = results[d, path]["weights"]
             print(f"FLOPs counted with N_b {w['blocks']:,}, N_h {w['head']:,}, L {w['layers']}, a {w['width']}")
-            for d in steps if len(a.paths) == 2 else ():
-                pad, pack = results[d, "padded"], results[d, "packed"]
-                print(f"{d}, packed / padded: time {ratio(pack['seconds'], pad['seconds'])}, peak (update) "
+            for d, path in ((d, path) for d in steps for path in a.paths if "padded" in a.paths and path != "padded"):
+                pad, pack = results[d, "padded"], results[d, path]
+                print(f"{d}, {path} / padded: time {ratio(pack['seconds'], pad['seconds'])}, peak (update) "
                       f"{ratio(pack['update_mib'], pad['update_mib'])}, "
                       f"peak (abs) {ratio(pack['abs_mib'], pad['abs_mib'])}; tokens computed "
                       f"{ratio(pack['computed_all'], pad['computed_all'])} (the time ratio if time went with tokens)")
