@@ -120,3 +120,32 @@ def test_the_start_check_passes_a_transformers_model_and_refuses_checkpointed_ac
 def test_shared_prompts_with_packing_is_refused_with_its_name():
     with pytest.raises(SettingError, match="Batching.shared_prompts.*packed"):
         Batching(shared_prompts=True, packed=True)
+
+
+def test_lora_adapters_and_their_reference_share_prompts_as_the_padded_pass(tiny_model):
+    """The adapted policy (gradients into the adapters) and ``AdaptersOff`` (the reference): peft's wrappers pass
+    the KV cache and positions through."""
+    from evolrl.lora import AdaptersOff, LoRA, add_adapters
+
+    policy = add_adapters(load_policy(tiny_model), LoRA(rank=4, alpha=8.0))
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:  # B starts at 0: give the adapters an effect
+                parameter.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
+    seqs = grouped_sequences(policy.config.vocab_size)
+    mask = seqs.response_mask
+    results = []
+    for logprobs in (sequence_logprobs, shared_prompt_logprobs):
+        policy.zero_grad()
+        logp, entropy = logprobs(policy, seqs, temperature=0.7, chunk_size=16)
+        (logp * mask).sum().backward()
+        with torch.no_grad():
+            reference = logprobs(AdaptersOff(policy), seqs, temperature=0.7, chunk_size=16)[0]
+        results.append((logp.detach(), reference, {n: p.grad.clone() for n, p in policy.named_parameters()
+                                                   if p.grad is not None}))
+    (logp, reference, grads), (shared_logp, shared_reference, shared_grads) = results
+    torch.testing.assert_close(shared_logp[mask], logp[mask], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(shared_reference[mask], reference[mask], rtol=1e-5, atol=1e-5)
+    assert grads.keys() == shared_grads.keys() and all(".lora_" in n for n in grads)
+    for name, grad in grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, rtol=1e-5, atol=1e-6 * float(grad.abs().max()), msg=name)
