@@ -16,6 +16,7 @@ from helpers import make_tiny_model, mixed_sequences
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from evolrl.logprobs.sequences import Sequences
 from evolrl.logprobs.sequencewise_attention import use_sequencewise_attention
 from evolrl.models import load_policy
 from evolrl.training import Batching
@@ -58,8 +59,14 @@ def test_an_update_reads_the_device_once_per_optimizer_step_and_once_at_its_end(
     for model in (policy, reference) if packing == "packed" else ():
         use_sequencewise_attention(model)  # what packed runs attend with (build.build_models)
     policy, reference = policy.to(META), reference.to(META)
-    # 8 sequences, their layout taken on the host; prompts of one length (one group a pass): no mask to read
-    seqs = mixed_sequences(int(policy.config.vocab_size), prompts=[4] * 8).to(META)
+    seqs = mixed_sequences(int(policy.config.vocab_size))  # 8 sequences, their layout taken on the host
+    if packing == "shared_prompts":  # passes of 2 sharing one 4-token prompt (a group a pass: no mask to read)
+        seqs = mixed_sequences(int(policy.config.vocab_size), prompts=[4] * 8)
+        ids = seqs.input_ids.clone()
+        ids[1::2, :4] = ids[::2, :4]
+        seqs = Sequences(ids, seqs.attention_mask, seqs.response_mask, seqs.advantages)
+        assert seqs.layout.prompts.tolist() == [0, 0, 2, 2, 4, 4, 6, 6]
+    seqs = seqs.to(META)
     optimizer = torch.optim.SGD(policy.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     update = GRPOUpdate(GRPOLoss(kl_coef=0.05), Batching(mini_batch_size=mini_batch_size, micro_batch_size=2,

@@ -110,11 +110,36 @@ def test_a_step_with_shared_prompts_gives_the_padded_update(tiny_model, policy):
 
 def test_the_start_check_passes_a_transformers_model_and_refuses_checkpointed_activations(tiny_model):
     model = load_policy(tiny_model)
-    assert shared_prompt_gap(model) < 1e-5  # float32 rounding
+    values, gradient = shared_prompt_gap(model)
+    assert values < 1e-5 and gradient < 1e-5  # float32 rounding
+    assert model.get_input_embeddings().weight.grad is None  # the probe leaves no gradients behind
     check_shared_prompts(model)
     model.gradient_checkpointing_enable()
     with pytest.raises(SettingError, match="Batching.shared_prompts.*checkpoints its activations"):
         check_shared_prompts(model)
+
+
+def test_the_start_check_refuses_a_pass_that_differs_and_allows_bf16_rounding(tiny_model, monkeypatch):
+    from evolrl.logprobs import shared_prompts
+
+    model = load_policy(tiny_model)
+    assert shared_prompts.tolerance(model) == 1e-3
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert shared_prompts.tolerance(model) == 0.1
+        check_shared_prompts(model)  # bf16 kernels on both passes: within rounding
+    real = shared_prompts.shared_prompt_logprobs
+
+    def off_by_one_token(model, seqs, *args, **kwargs):  # as if each response were scored a position late
+        return tuple(torch.roll(values, 1, dims=1) for values in real(model, seqs, *args, **kwargs))
+
+    monkeypatch.setattr(shared_prompts, "shared_prompt_logprobs", off_by_one_token)
+    with pytest.raises(SettingError, match=r"Batching.shared_prompts.*log-probs moved by [\d.]+ and a gradient by"):
+        check_shared_prompts(model)
+
+
+def test_shared_prompts_with_compiled_blocks_is_refused_with_its_name():
+    with pytest.raises(SettingError, match="Batching.shared_prompts.*compile_blocks"):
+        Batching(shared_prompts=True, compile_blocks=True)
 
 
 def test_shared_prompts_with_packing_is_refused_with_its_name():

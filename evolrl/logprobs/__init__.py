@@ -14,6 +14,9 @@ head fused into the log-softmax (``chunked_head.py``, ``from_logits.py``) and th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+
 import torch
 from torch import Tensor, nn
 
@@ -44,8 +47,10 @@ def prepare(model: nn.Module | None, packed: bool = False, flex: bool = False,
 
 
 def check(model: nn.Module, device: torch.device, packed: bool = False, flex: bool = False, fused_head: bool = False,
-          compiled: bool = False, shared_prompts: bool = False) -> None:
-    """At start, on ``device``: each setting that is on works for ``model`` (a SettingError naming it if not)."""
+          compiled: bool = False, shared_prompts: bool = False,
+          precision: Callable[[], AbstractContextManager] = nullcontext) -> None:
+    """At start, on ``device``: each setting that is on works for ``model`` (a SettingError naming it if not);
+    ``precision``: the run's autocast, which the shared-prompt probe runs under (its kernels are the run's)."""
     if flex:
         check_flex(device)
     if packed:  # on its device, with the attention kernels it trains with
@@ -55,7 +60,8 @@ def check(model: nn.Module, device: torch.device, packed: bool = False, flex: bo
     if compiled:
         check_compiler(device)
     if shared_prompts:
-        check_shared_prompts(model)
+        with precision():
+            check_shared_prompts(model)
 
 
 def token_stats(model: nn.Module, seqs: Sequences, temperature: float, chunk_size: int, packed: bool = False,

@@ -16,9 +16,12 @@ Non-obvious decisions:
   transformers reads the mask's padding once, as it does in a right-padded pass.
 * Each response's last token is not fed: nothing after it is scored.
 * Values come back where a right-padded pass puts them, ``[N, T - 1]``, and 0 wherever ``response_mask`` is false.
-* transformers drops the KV cache of a model that checkpoints its layers' activations (``use_cache`` is refused
-  in training there), and two forwards before one backward have not been tried under FSDP2's hooks:
-  :func:`check_shared_prompts` refuses both at start, then compares a probe against a right-padded pass.
+* A left-padded prompt's pad positions attend to nothing; kernels differ in what they make of such rows (some
+  GPU backwards have returned NaN for them). :func:`check_shared_prompts` runs a probe with one, forward and
+  backward, on the run's device and in its precision, against a right-padded pass, and refuses what differs. It
+  also refuses a model that checkpoints its activations (transformers then keeps no KV cache in training), FSDP2
+  (two forwards before one backward are untried with its hooks) and, in ``Batching``, compiled blocks (untried
+  with a cache).
 """
 
 from __future__ import annotations
@@ -79,8 +82,9 @@ def shared_prompt_logprobs(model, seqs: Sequences, temperature: float, chunk_siz
         ids = flat.index_select(0, to_device(at.flatten(), device)).view(n, fed)
         targets = flat.index_select(0, to_device((at + 1).flatten(), device)).view(n, fed)
         mask = torch.cat([prompt_mask[owner], fed_mask], 1)
+        positions = torch.where(fed_mask, prompt_len[:, None] + steps, prompt_len[:, None])  # pads: no new position
         inputs = {"input_ids": ids, "attention_mask": to_device(mask.long(), device), "past_key_values": cache,
-                  "position_ids": to_device(prompt_len[:, None] + steps, device), "use_cache": True}
+                  "position_ids": to_device(positions, device), "use_cache": True}
         rest, _ = model_stats(model, inputs, select=lambda out: out, targets=targets, temperature=temperature,
                               chunk_size=chunk_size, fused_head=fused_head, vocab_mean=vocab_mean,
                               compiled_head=compiled_head)
@@ -98,21 +102,33 @@ def shared_prompt_logprobs(model, seqs: Sequences, temperature: float, chunk_siz
 
 def check_shared_prompts(model, key: str = "Batching.shared_prompts") -> None:
     """Raise :class:`~evolrl.settings.SettingError` unless ``model`` computes, prompts shared, what a right-padded
-    pass does: not sharded by FSDP2, no activation checkpointing, a probe's log-probs within 1e-3 of the padded
-    pass's (float32 rounding is 1e-6; bf16 kernels' is below 1e-2 but a wrong mask moves them by whole nats)."""
+    pass does on its device and in its precision (call it under the run's autocast): not sharded by FSDP2, no
+    activation checkpointing, and on a probe the log-probs and a gradient within ``tolerance`` of the padded pass's."""
     require(not hasattr(model, "set_requires_gradient_sync"), key, True,
             allowed="false under FSDP2 (two forwards before one backward are untried with its hooks)")
     require(not getattr(model, "is_gradient_checkpointing", False), key, True,
             allowed="false for a model that checkpoints its activations (transformers then keeps no KV cache)")
-    gap = shared_prompt_gap(model)
-    require(gap <= 1e-3, key, True, allowed=f"false for this model: on a probe its log-probs moved by {gap:.2g} "
-            "from a right-padded pass's")
+    values, gradient = shared_prompt_gap(model)
+    most = tolerance(model)
+    require(values <= most and gradient <= most, key, True,
+            allowed=f"false for this model: on a probe a shared-prompt pass's log-probs moved by {values:.2g} and a "
+            f"gradient by {gradient:.2g} (relative) from a right-padded pass's, more than {most:g}")
 
 
-@torch.no_grad()
-def shared_prompt_gap(model) -> float:
-    """The most a probe's log-probs differ between a shared-prompt pass and a right-padded one: two prompts of
-    different lengths, three responses of 1 to 4 tokens (0 up to the kernels' rounding)."""
+def tolerance(model) -> float:
+    """What :func:`check_shared_prompts` allows: 1e-3 in float32 (its rounding leaves 1e-6), 0.1 in half precision
+    or under autocast (bf16 rounds a log-prob of a few nats by up to 0.03); a wrong mask or position moves the probe's
+    log-probs by whole nats, and a NaN fails either."""
+    parameter = next(model.parameters())
+    half = parameter.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled(parameter.device.type)
+    return 0.1 if half else 1e-3
+
+
+def shared_prompt_gap(model) -> tuple[float, float]:
+    """How far a shared-prompt pass is from a right-padded one on a probe (two prompts of different lengths, so one
+    is left-padded; three responses of 1 to 4 tokens): the most a log-prob differs, and the relative difference of
+    the gradient of a weighted sum of log-probs with respect to the first trainable matrix of the model's first
+    block (reached through every prompt's keys and values). 0 up to the kernels' rounding."""
     vocab = min(int(model.config.vocab_size), 200)
     device = next(model.parameters()).device
     a, b = (torch.arange(6) * 7 + 3) % vocab, (torch.arange(4) * 11 + 5) % vocab
@@ -126,11 +142,18 @@ def shared_prompt_gap(model) -> float:
         ids[i, : len(row)], attention[i, : len(row)] = row, 1
         response[i, len(prompt) - 1 : len(row) - 1] = True
     seqs = Sequences(ids, attention, response_mask=response, advantages=torch.zeros(len(rows))).to(device)
+    weights = (torch.arange(response.numel(), dtype=torch.float32).view(response.shape) % 3 - 1).to(device)
+    probed = next(p for n, p in model.named_parameters() if p.requires_grad and p.dim() == 2 and "embed" not in n)
     training = model.training
     model.eval()  # no dropout: the passes must differ only in how they run
     try:
-        shared = shared_prompt_logprobs(model, seqs, temperature=1.0, chunk_size=64)[0]
-        padded = sequence_logprobs(model, seqs, temperature=1.0, chunk_size=64)[0]
+        results = []
+        for logprobs in (shared_prompt_logprobs, sequence_logprobs):
+            logp = logprobs(model, seqs, temperature=1.0, chunk_size=64)[0]
+            (gradient,) = torch.autograd.grad((logp * weights * seqs.response_mask).sum(), [probed])
+            results.append((logp.detach().float() * seqs.response_mask, gradient.float()))
     finally:
         model.train(training)
-    return float(((shared - padded) * seqs.response_mask).abs().max())
+    (shared, shared_grad), (padded, padded_grad) = results
+    relative = (shared_grad - padded_grad).norm() / padded_grad.norm().clamp(min=1e-30)
+    return float((shared - padded).abs().max()), float(relative)

@@ -29,7 +29,7 @@ class Batching:
     packed sequences would see each other (``evolrl/logprobs/packing.py``)."""
     shared_prompts: bool = False
     """Each pass computes every distinct prompt once and its responses on that prompt's KV cache (a group's prompt
-    once, not G times); same math; not with ``packed``, FSDP or activation checkpointing (refused at start)."""
+    once, not G times); same math; not with ``packed``, ``compile_blocks``, FSDP or activation checkpointing."""
     flex_attention: bool = False
     """Packed passes attend with one FlexAttention call per layer and row (fewer GPU launches); needs ``packed``;
     refused at start on a CPU, where torch has no FlexAttention backward."""
@@ -71,6 +71,8 @@ class Batching:
                 allowed="true or false")
         require(not (self.shared_prompts and self.packed), "Batching.shared_prompts", self.shared_prompts,
                 allowed="false when packed is true (a packed row has no KV cache to share)")
+        require(not (self.shared_prompts and self.compile_blocks), "Batching.shared_prompts", self.shared_prompts,
+                allowed="false when compile_blocks is true (compiled blocks are untried with a KV cache)")
         require(isinstance(self.flex_attention, bool), "Batching.flex_attention", self.flex_attention,
                 allowed="true or false")
         require(not self.flex_attention or self.packed, "Batching.flex_attention", self.flex_attention,

@@ -182,7 +182,8 @@ class EvolRLModule(L.LightningModule):
             self.reference.model.to(self.device)
         b = self.update.batching
         check(self.policy, self.device, packed=b.packed, flex=b.flex_attention, fused_head=b.fused_head,
-              compiled=b.compile_blocks, shared_prompts=b.shared_prompts)
+              compiled=b.compile_blocks, shared_prompts=b.shared_prompts,
+              precision=self.trainer.precision_plugin.forward_context)
 
     @property
     def sampler(self):  # the data module when it samples (an ``evolrl.rollout.Sampler``); none: recorded rollouts

@@ -33,8 +33,9 @@ FLOPs are model FLOPs (MFU): gradient-checkpointing recomputation and padding ar
 of which r are scored; N_b weights of the blocks' matmuls, N_h of the LM head (at scored positions only, as the
 update applies it), L layers, attention width a (heads x head_dim). A no-grad forward: 2 N_b s + 2 N_h r + 2 L a
 s(s+1) (causal: s(s+1)/2 query-key pairs, QK^T and AV); training three times that; old log-probs (mini-batches after
-the first) and the reference one no-grad forward each. The shared path's prompt of p tokens counts once a group of
-G: s - p + p / G tokens, s(s+1) - p(p+1)(1 - 1/G) pairs; so does "padding" (computed tokens beyond those). MFU against the matmul peak measured in the same invocation
+the first) and the reference one no-grad forward each. With ``--group G`` a prompt of p tokens counts once a group on
+every path (the useful work: s - p + p / G tokens, s(s+1) - p(p+1)(1 - 1/G) pairs), and "padding" counts the padded
+path's copies of it as waste. MFU against the matmul peak measured in the same invocation
 (bf16 and fp32) on a CPU, the card's dense bf16 peak on a GPU (``update_profile.card_peak``). "block mm GFLOP/s": the
 model's own block matmuls alone at the first draw's mean pass size, a ceiling on its MFU.
 """
@@ -137,13 +138,13 @@ def update_flops(w: dict[str, int], lengths: list[int], prompt: int, mini_batch:
 
 def computed_tokens(rows: list[int], lengths: list[int], path: str, prompt: int, group: int) -> int:
     """Tokens a pass over the sequences ``rows`` computes on (``plan.pass_tokens``); shared: each group's prompt once
-    and the responses padded to the longest."""
+    and the responses padded to the longest, less its last token (nothing after it is scored)."""
     from evolrl.training.plan import pass_tokens
 
     sizes = [lengths[r] for r in rows]
     if path != "shared":
         return pass_tokens(sizes, path == "packed")
-    return len({r // group for r in rows}) * prompt + len(rows) * (max(sizes, default=prompt) - prompt)
+    return len({r // group for r in rows}) * prompt + len(rows) * max(max(sizes, default=0) - prompt - 1, 0)
 
 
 def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: str, mini_batch: int,
@@ -212,7 +213,7 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
         plan = [[computed_tokens(micro, lengths, path, prompt, group) for micro in mini]
                 for mini in update.plan(seqs)]
         passes = [tokens for mini in plan for tokens in mini]
-        shared = group if path == "shared" else 1
+        shared = group  # the useful work on every path: a group's prompt once (the padded path's copies are waste)
         measured.append({"seconds": seconds, "update_mib": peak - before, "abs_mib": peak, "real": sum(lengths),
                          "needed": sum(lengths) - prompt * len(lengths) * (1 - 1 / shared),
                          "computed": sum(passes), "passes": len(passes), "largest": max(passes), "plan": plan,
@@ -419,9 +420,9 @@ def main() -> None:
                     "none)")
         a.gradient_checkpointing = int(a.checkpoint_every)
 
-    if "shared" in a.paths and a.gradient_checkpointing:
+    if "shared" in a.paths and (a.gradient_checkpointing or a.checkpoint_every is not None):
         p.error("--paths shared: transformers keeps no KV cache under gradient checkpointing; add "
-                "--no-gradient-checkpointing")
+                "--no-gradient-checkpointing and leave out --checkpoint-every")
     torch.set_num_threads(a.threads)
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     for flag, value, what in (("--profile", a.profile, "profiles a GPU's kernels"),
