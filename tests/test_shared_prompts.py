@@ -174,3 +174,34 @@ def test_lora_adapters_and_their_reference_share_prompts_as_the_padded_pass(tiny
     assert grads.keys() == shared_grads.keys() and all(".lora_" in n for n in grads)
     for name, grad in grads.items():
         torch.testing.assert_close(shared_grads[name], grad, rtol=1e-5, atol=1e-6 * float(grad.abs().max()), msg=name)
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_a_fit_with_shared_prompts_gives_the_padded_gradient(tiny_model, precision):
+    """Through Lightning, one step each way on the same sampled groups (the same seed, this process): the start probe
+    passes in the run's precision, and the accumulated gradients agree (float32: rounding, as the padded test above;
+    bf16 autocast: its rounding of the two passes' different matmul shapes, a few percent of the gradient's norm)."""
+    import lightning as L
+    from helpers import fit
+
+    from evolrl.rollout import Sampling
+
+    class Capture(L.Callback):
+        def on_before_optimizer_step(self, trainer, module, optimizer):
+            self.grads = {n: p.grad.clone() for n, p in module.policy.named_parameters()}
+
+    runs = []
+    for shared in (False, True):
+        L.seed_everything(0)
+        capture = Capture()
+        fit(tiny_model, module_kwargs={"shared_prompts": shared}, callbacks=[capture],
+            sampling=Sampling(temperature=1.5, max_new_tokens=12), trainer_kwargs={"precision": precision})
+        runs.append(capture.grads)
+    grads, shared_grads = runs
+    assert max(float(g.abs().max()) for g in grads.values()) > 0  # the sampled groups' rewards differ
+    for name, grad in grads.items():
+        if precision == "32-true":
+            torch.testing.assert_close(shared_grads[name], grad, rtol=1e-5, atol=1e-6 * float(grad.abs().max()),
+                                       msg=name)
+        else:
+            assert float((shared_grads[name] - grad).norm()) <= 0.05 * float(grad.norm()) + 1e-12, name
