@@ -205,3 +205,30 @@ def test_a_fit_with_shared_prompts_gives_the_padded_gradient(tiny_model, precisi
                                        msg=name)
         else:
             assert float((shared_grads[name] - grad).norm()) <= 0.05 * float(grad.norm()) + 1e-12, name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_a_gpu_left_padded_prompts_give_finite_gradients_equal_to_the_padded_pass(tiny_model, dtype):
+    """CUDA's attention kernels on a left-padded prompt's rows that attend to nothing: finite, and the padded pass's
+    numbers (float32: a different summation order; bf16 autocast: a few percent of the norm)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation="sdpa").cuda()
+    seqs = grouped_sequences(model.config.vocab_size).to("cuda")
+    mask = seqs.response_mask
+    results = []
+    for logprobs in (sequence_logprobs, shared_prompt_logprobs):
+        model.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            logp, _ = logprobs(model, seqs, temperature=0.7, chunk_size=16)
+        (logp * mask).sum().backward()
+        results.append((logp.detach().float(), {n: p.grad.float().clone() for n, p in model.named_parameters()}))
+    (logp, grads), (shared_logp, shared_grads) = results
+    assert torch.isfinite(shared_logp).all() and all(torch.isfinite(g).all() for g in shared_grads.values())
+    most = 1e-4 if dtype == torch.float32 else 0.1
+    torch.testing.assert_close(shared_logp[mask], logp[mask], rtol=0, atol=most)
+    for name, grad in grads.items():
+        assert float((shared_grads[name] - grad).norm()) <= (1e-4 if dtype == torch.float32 else 0.05) * float(
+            grad.norm()) + 1e-12, name
