@@ -65,8 +65,8 @@ class EvolRLModule(L.LightningModule):
         cpu_keep_freed_memory: Training on a CPU, keep freed buffers in glibc's heap for reuse instead of unmapping
             and page-faulting them in again (``logprobs/allocator.py``; process-wide).
 
-    The sampling temperature (whose ``softmax(logits / T)`` the loss's log-probs are taken under) is the one each rollout batch was sampled
-    at (``RolloutBatch.temperature``).
+    The loss's log-probs are ``softmax(logits / T)``'s at each rollout batch's sampling temperature
+    (``RolloutBatch.temperature``).
     """
 
     def __init__(
@@ -115,8 +115,7 @@ class EvolRLModule(L.LightningModule):
         self.gradient_checkpointing = gradient_checkpointing
         require(lora is None or isinstance(lora, LoRA), "EvolRLModule.lora", lora,
                 allowed="null (full fine-tuning) or an evolrl.lora.LoRA")
-        self.lora = lora
-        self.trust_remote_code = trust_remote_code
+        self.lora, self.trust_remote_code = lora, trust_remote_code
         if lora is not None:  # its targets against the architecture alone (config.json, on the meta device)
             check_targets(lora, empty_policy(model_config(model, trust_remote_code)))
         require(isinstance(cpu_keep_freed_memory, bool), "EvolRLModule.cpu_keep_freed_memory", cpu_keep_freed_memory,

@@ -27,11 +27,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from evolrl.algorithms import MismatchCorrection, mismatch_summary
 from evolrl.distributed import all_reduce, gathered_until_backward, sync_gradients
 from evolrl.logprobs import Sequences, token_stats
 from evolrl.training.batching import Batching
-from evolrl.training.loss import GRPOLoss
+from evolrl.training.loss import GRPOLoss, StepTotals
 from evolrl.training.plan import Plan, lockstep, micro_batch_plan, mini_batch_ranges, token_budget_plan
 from evolrl.training.run_checks import too_many_skips
 
@@ -225,27 +224,3 @@ def _rows_of(values: Tensor, rows: list[int], part: Sequences) -> Tensor:
     """``[N, T - 1]`` per-token ``values`` of a step, as a pass over ``part`` (its ``rows``) returns them: those rows,
     as wide as the part's; zeros for a filler."""
     return values[rows, : part.response_mask.shape[1]] if rows else values.new_zeros(part.response_mask.shape)
-
-
-class StepTotals:
-    """A training step's loss terms summed on the device and read once at the end (no sync per term), and its
-    passes' mismatch sums, reduced over the ranks at the end (two all-reduces per step)."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, Tensor] = {}
-        self.mismatch: list[tuple[Tensor, Tensor]] = []
-
-    def add(self, terms: dict[str, Tensor], measured: tuple[Tensor, Tensor] | None = None) -> None:
-        for name, value in terms.items():
-            self.sums[name] = self.sums.get(name, 0.0) + value
-        if measured is not None:
-            self.mismatch.append(measured)
-
-    def summary(self, mini_batches: int, correction: MismatchCorrection | None) -> dict[str, float]:
-        """Each term's mean over the mini-batches; ``mismatch/*`` over all passes on all ranks."""
-        stats = dict(zip(self.sums, torch.stack(list(self.sums.values())).div(mini_batches).tolist()))
-        if self.mismatch:
-            totals, maxima = zip(*self.mismatch)
-            total, top = all_reduce(torch.stack(totals).sum(0), "sum"), all_reduce(torch.stack(maxima).amax(0), "max")
-            stats |= {f"mismatch/{k}": v for k, v in mismatch_summary(total, top, correction).items()}
-        return stats
