@@ -245,6 +245,30 @@ def mixed_sequences(vocab: int, lengths=LENGTHS, prompts=PROMPTS, seed: int = 0)
     return Sequences(ids, attention, response_mask=response, advantages=torch.randn(n, generator=generator))
 
 
+def logprobs_and_grads(model, logprobs, seqs: Sequences, device: str = "cpu", **options):
+    """One pass of ``logprobs`` (``sequence_logprobs``, ``packed_logprobs``, ...) over ``seqs`` and its backward
+    through a fixed random weighting: the log-probs, the entropies and every parameter's gradient."""
+    seqs = seqs.to(device)
+    weights = torch.randn(seqs.response_mask.shape, generator=torch.Generator().manual_seed(1)).to(device)
+    model.zero_grad()
+    logp, entropy = logprobs(model, seqs, temperature=0.7, chunk_size=16, **options)
+    ((logp * weights + entropy) * seqs.response_mask).sum().backward()
+    return logp.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def assert_same(got, expected, mask, rtol: float = 1e-5, scale: float = 1e-6, zero_outside: bool = False) -> None:
+    """Two :func:`logprobs_and_grads` results agree on ``mask``: values within ``rtol``, each gradient within
+    ``scale`` of its tensor's largest entry (float32 passes that sum in another order differ by ~1e-6 of it);
+    ``zero_outside``: ``got`` is 0 where nothing is scored."""
+    (logp, entropy, grads), (expected_logp, expected_entropy, expected_grads) = got, expected
+    torch.testing.assert_close(logp[mask], expected_logp[mask], rtol=rtol, atol=rtol)
+    torch.testing.assert_close(entropy[mask], expected_entropy[mask], rtol=rtol, atol=rtol)
+    if zero_outside:
+        assert (logp[~mask] == 0).all() and (entropy[~mask] == 0).all()
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=rtol, atol=scale * float(grad.abs().max()), msg=name)
+
+
 def run_update(tiny_model, seqs, plan_wrapper=None, loss=None, **settings) -> tuple[list, dict, dict]:
     """One training step on ``seqs`` (2 mini-batches, KL to the reference) with SGD, whose parameters are linear
     in the gradients and so compare as tightly: ``(plan, stats, parameters)``."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo
-from helpers import fit, mixed_sequences, one_process_group
+from helpers import assert_same, fit, logprobs_and_grads, mixed_sequences, one_process_group
 from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM
 
@@ -25,23 +25,6 @@ from evolrl.training import Batching, GRPOLoss, GRPOUpdate
 from evolrl.training.build import Dtypes, build_models
 
 pytestmark = pytest.mark.slow  # compiling a block takes ~10-30 s on 2 cores
-
-
-def logprobs_and_grads(model, logprobs, seqs: Sequences, device: str = "cpu"):
-    seqs = seqs.to(device)
-    weights = torch.randn(seqs.response_mask.shape, generator=torch.Generator().manual_seed(1)).to(device)
-    model.zero_grad()
-    logp, entropy = logprobs(model, seqs, temperature=0.7, chunk_size=16)
-    ((logp * weights + entropy) * seqs.response_mask).sum().backward()
-    return logp.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-
-def assert_same(compiled, eager, mask, rtol: float, scale: float) -> None:
-    (logp, entropy, grads), (eager_logp, eager_entropy, eager_grads) = compiled, eager
-    torch.testing.assert_close(logp[mask], eager_logp[mask], rtol=rtol, atol=rtol)
-    torch.testing.assert_close(entropy[mask], eager_entropy[mask], rtol=rtol, atol=rtol)
-    for name, grad in eager_grads.items():
-        torch.testing.assert_close(grads[name], grad, rtol=rtol, atol=scale * float(grad.abs().max()), msg=name)
 
 
 def test_compiled_blocks_give_the_uncompiled_logprobs_and_gradients(tiny_model):

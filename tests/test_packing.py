@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
-from helpers import LENGTHS, fit, mixed_sequences, run_update
+from helpers import LENGTHS, assert_same, fit, logprobs_and_grads, mixed_sequences, run_update
 from torch import nn
 
 from evolrl.algorithms import SeqMeanTokenMean, TokenMean
@@ -98,21 +98,9 @@ def test_sequencewise_attention_on_a_gpu_runs_flash_not_cudnn(tiny_model):
 
 
 def assert_packed_equals_padded(model, device: str = "cpu") -> None:
-    seqs = mixed_sequences(model.config.vocab_size).to(device)
-    weights = torch.randn(seqs.response_mask.shape, generator=torch.Generator().manual_seed(1)).to(device)
-    results = []
-    for logprobs in (sequence_logprobs, packed_logprobs):
-        model.zero_grad()
-        logp, entropy = logprobs(model, seqs, temperature=0.7, chunk_size=16)
-        ((logp * weights + entropy) * seqs.response_mask).sum().backward()
-        results.append((logp.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    (logp, entropy, grads), (packed_logp, packed_entropy, packed_grads) = results
-    mask = seqs.response_mask
-    torch.testing.assert_close(packed_logp[mask], logp[mask], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(packed_entropy[mask], entropy[mask], rtol=1e-5, atol=1e-5)
-    assert (packed_logp[~mask] == 0).all() and (packed_entropy[~mask] == 0).all()  # only response positions
-    for name, grad in grads.items():  # float32 summation order differs: 1e-6 of each tensor's largest entry
-        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-5, atol=1e-6 * float(grad.abs().max()), msg=name)
+    seqs = mixed_sequences(model.config.vocab_size)
+    padded, packed = (logprobs_and_grads(model, f, seqs, device) for f in (sequence_logprobs, packed_logprobs))
+    assert_same(packed, padded, seqs.response_mask.to(device), zero_outside=True)
 
 
 def test_a_row_of_one_sequence_is_attended_whole(tiny_model):

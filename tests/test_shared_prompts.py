@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import run_update
+from helpers import assert_same, logprobs_and_grads, run_update
 
 from evolrl.logprobs import token_stats
 from evolrl.logprobs.forward import sequence_logprobs
@@ -58,20 +58,9 @@ def test_shared_prompt_values_and_gradients_equal_the_padded_pass(tiny_model, at
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation=attention)
     seqs = grouped_sequences(model.config.vocab_size)
-    weights = torch.randn(seqs.response_mask.shape, generator=torch.Generator().manual_seed(1))
-    results = []
-    for logprobs in (sequence_logprobs, shared_prompt_logprobs):
-        model.zero_grad()
-        logp, entropy = logprobs(model, seqs, temperature=0.7, chunk_size=16, fused_head=fused_head)
-        ((logp * weights + entropy) * seqs.response_mask).sum().backward()
-        results.append((logp.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    (logp, entropy, grads), (shared_logp, shared_entropy, shared_grads) = results
-    mask = seqs.response_mask
-    torch.testing.assert_close(shared_logp[mask], logp[mask], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(shared_entropy[mask], entropy[mask], rtol=1e-5, atol=1e-5)
-    assert (shared_logp[~mask] == 0).all() and (shared_entropy[~mask] == 0).all()
-    for name, grad in grads.items():  # float32 summation order: 1e-6 of each tensor's largest entry
-        torch.testing.assert_close(shared_grads[name], grad, rtol=1e-5, atol=1e-6 * float(grad.abs().max()), msg=name)
+    padded, shared = (logprobs_and_grads(model, f, seqs, fused_head=fused_head)
+                      for f in (sequence_logprobs, shared_prompt_logprobs))
+    assert_same(shared, padded, seqs.response_mask, zero_outside=True)
 
 
 def test_the_vocabulary_mean_and_a_narrowed_mask_come_back_as_padded(policy):
