@@ -65,3 +65,32 @@ def test_the_trl_benchmark_applies_the_same_rule_to_both_frameworks_and_the_engi
     why = bench.precision_rule(a)
     assert a.precision == expected and bool(why) == (expected == "32-true")
     assert bench.vllm_engine(a).dtype == ("float32" if expected == "32-true" else "bfloat16")
+
+
+def test_the_benchmarks_avx2_cap_takes_the_paths_of_a_cpu_without_native_bf16():
+    """``tools.bench.bench --isa avx2`` (in a fresh process, as its children run): the CLI's own check then finds no
+    native bf16 whatever this CPU has, ATen's kernels drop below AVX-512, vLLM's kernel queries answer no, and the
+    benchmark's precision rule runs float32, the same as on a CPU with AVX2 alone."""
+    import json
+    import subprocess
+    import sys
+
+    from tools.common import ROOT
+
+    code = """
+import json, argparse
+from tools.bench import isa, bench
+said = isa.limit("avx2")
+import torch
+from evolrl import cpu_bf16
+a = argparse.Namespace(device="cpu", cpu_bf16="auto", precision="bf16-mixed")
+why = bench.precision_rule(a)
+print(json.dumps({"said": said, "native": cpu_bf16.native_bf16(), "aten": torch.backends.cpu.get_cpu_capability(),
+                  "queries": [getattr(torch.cpu, q)() for q in isa.QUERIES if hasattr(torch.cpu, q)],
+                  "precision": a.precision, "why": why}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "AVX2" in got["said"] and got["native"] is False and not any(got["queries"])
+    assert got["aten"] in ("AVX2", "DEFAULT")  # DEFAULT on a CPU older than AVX2: the cap only lowers
+    assert got["precision"] == "32-true" and "float32" in got["why"]

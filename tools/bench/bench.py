@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tools.bench import isa
 from tools.common import ROOT, failure_report, status_mib, table
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -285,6 +286,8 @@ def main() -> None:
                    help="both frameworks' training and the vLLM engine's dtype (see --cpu-bf16)")
     p.add_argument("--cpu-bf16", default="auto", choices=["auto", "keep"],
                    help="as the CLI's cpu_bf16: auto runs bf16 in float32 on a CPU without native bf16")
+    p.add_argument("--isa", default="native", choices=isa.CHOICES,
+                   help="avx2: every library's AVX2-only code paths, on this CPU (tools/bench/isa.py)")
     p.add_argument("--prompts", type=int, default=4, help="prompts per step")
     p.add_argument("--group", type=int, default=8, help="responses per prompt (trained on)")
     p.add_argument("--max-new-tokens", type=int, default=48)
@@ -305,17 +308,20 @@ def main() -> None:
 
     if a.child:  # one run in this process
         args = argparse.Namespace(**json.loads(a.child))
+        isa.limit(args.isa)
         result = RUNNERS[args.framework](args) | peak_memory()
         Path(a.result).write_text(json.dumps(result))
         return
 
+    capped = isa.limit(a.isa)
     import torch
 
     asked, why = a.precision, precision_rule(a)
     asked = f" ({asked} asked: {why})" if why else ""
     print(f"# {a.prompts} prompts x {a.group} responses, {a.max_new_tokens} new tokens, micro-batch {a.micro_batch}, "
           f"precision {a.precision}{asked}, gradient checkpointing {'on' if a.gradient_checkpointing else 'off'}, {a.steps} steps x {a.repeats} repeats, device {a.device} "
-          f"({torch.cuda.get_device_name() if a.device == 'cuda' else f'{os.cpu_count()} CPU cores'})")
+          f"({torch.cuda.get_device_name() if a.device == 'cuda' else f'{os.cpu_count()} CPU cores'})"
+          + (f"; {capped}" if capped else ""))
     with tempfile.TemporaryDirectory(prefix="evolrl-bench-tiny-") as tiny_dir:
         names = {"gguf": GGUF, "tiny": None}
         for model in a.models:
