@@ -233,12 +233,16 @@ RUNNERS = {"evolrl": run_evolrl, "evolrl-hf": run_evolrl, "trl": run_trl, "sampl
 
 
 # ---- the parent: spawn, collect, print -------------------------------------------------------
-def child(a: argparse.Namespace, framework: str, model: str, **overrides) -> dict:
+def child(a: argparse.Namespace, framework: str, model: str, module: str = "tools.bench.bench",
+          timeout: float | None = None, **overrides) -> dict:
+    """One run in a process of its own: ``python -m module --child ARGS --result FILE``, where ``module``'s main hands
+    ARGS (``a``, ``framework``, ``model`` and ``overrides``) to its runner; exits naming the run if it fails.
+    ``timeout``: seconds, past which ``subprocess.TimeoutExpired`` reaches the caller."""
     with tempfile.TemporaryDirectory(prefix="evolrl-bench-") as work:
         out = Path(work) / "result.json"
         args = {**vars(a), "framework": framework, "model": model, "workdir": work, **overrides}
-        cmd = [sys.executable, "-m", "tools.bench.bench", "--child", json.dumps(args), "--result", str(out)]
-        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=ROOT)
+        cmd = [sys.executable, "-m", module, "--child", json.dumps(args), "--result", str(out)]
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
         if proc.returncode != 0:
             sys.exit(f"{framework} on {model} failed (exit {proc.returncode}):\n{failure_report(proc.stderr)}")
         return json.loads(out.read_text())
