@@ -42,8 +42,7 @@ GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason
 def new_engine(tiny_model, engine_class=VLLMEngine, **settings) -> VLLMEngine:
     """A float32 engine for the tiny model, set up but not started (``load_weights`` starts it)."""
     settings = {"kv_cache_gib": 0.1, "max_model_len": 128, "gpu_memory_utilization": 0.2, **settings}
-    engine = engine_class(dtype="float32", enforce_eager=True, cpu_threads=None if DEVICE == "cuda" else "0-1",
-                          **settings)
+    engine = engine_class(dtype="float32", enforce_eager=True, **settings)
     engine.setup(load_tokenizer(tiny_model))
     return engine
 
@@ -223,8 +222,7 @@ def test_a_two_step_cli_run_writes_the_mismatch_tags(tmp_path, tiny_model, monke
     config = yaml.safe_load(path.read_text())
     config["model"]["loss"] = {"mismatch_correction": correction}
     config["data"]["engine"] = {"class_path": "evolrl.rollout.VLLMEngine", "init_args": {
-        "dtype": "float32", "enforce_eager": True, "kv_cache_gib": 0.1, "max_model_len": 128,
-        "cpu_threads": None if DEVICE == "cuda" else "0-1"}}
+        "dtype": "float32", "enforce_eager": True, "kv_cache_gib": 0.1, "max_model_len": 128}}
     del config["data"]["eval_sets"], config["trainer"]["callbacks"]  # training only
     path.write_text(yaml.safe_dump(config))
     monkeypatch.setattr("sys.argv", ["evolrl"])

@@ -41,7 +41,7 @@ def test_an_engine_started_in_inference_mode_takes_pushes_outside_it(tiny_model)
     tokenizer = load_tokenizer(tiny_model)
     policy = load_policy(tiny_model).to(DEVICE)
     engine = VLLMEngine(dtype="float32", enforce_eager=True, kv_cache_gib=0.1, max_model_len=128,
-                        gpu_memory_utilization=0.2, cpu_threads=None if DEVICE == "cuda" else "0-1")
+                        gpu_memory_utilization=0.2)
     engine.setup(tokenizer)
     prompts = [Prompt("a", "What is 3 + 4?")]
     ids = [render_prompt(tokenizer, prompts[0].question, None)]
@@ -77,7 +77,7 @@ def test_sampling_inside_the_training_steps_autocast_keeps_the_engines_precision
     tokenizer = load_tokenizer(tiny_model)
     policy = load_policy(tiny_model).to(DEVICE)
     engine = VLLMEngine(dtype="float32", enforce_eager=True, kv_cache_gib=0.1, max_model_len=128,
-                        gpu_memory_utilization=0.2, cpu_threads=None if DEVICE == "cuda" else "0-1")
+                        gpu_memory_utilization=0.2)
     engine.setup(tokenizer)
     prompts = [Prompt("a", "What is 3 + 4?"), Prompt("b", "What is 1 + 2?")]
     ids = [render_prompt(tokenizer, p.question, None) for p in prompts]
@@ -98,7 +98,7 @@ def test_every_prompt_gets_a_seed_of_its_own(tiny_model):
     tokenizer = load_tokenizer(tiny_model)
     policy = load_policy(tiny_model).to(DEVICE)
     engine = VLLMEngine(dtype="float32", enforce_eager=True, kv_cache_gib=0.1, max_model_len=128,
-                        gpu_memory_utilization=0.2, cpu_threads=None if DEVICE == "cuda" else "0-1")
+                        gpu_memory_utilization=0.2)
     engine.setup(tokenizer, max_sequences=16)
     engine.load_weights(policy)
     engine._seed_requests = True
@@ -184,7 +184,7 @@ def test_a_tied_qwen3_reaches_the_engine_after_every_push(tiny_model, tmp_path):
     policy = load_policy(model_dir).to(DEVICE)
     assert policy.lm_head.weight is policy.model.embed_tokens.weight
     engine = VLLMEngine(dtype="float32", enforce_eager=True, kv_cache_gib=0.1, max_model_len=128,
-                        gpu_memory_utilization=0.2, cpu_threads=None if DEVICE == "cuda" else "0-1")
+                        gpu_memory_utilization=0.2)
     engine.setup(tokenizer)
     engine.load_weights(policy)
     prompts = [Prompt("a", "What is 3 + 4?")]

@@ -109,7 +109,7 @@ def test_a_real_start_prints_no_info_lines_and_no_dropped_notice(tiny_model, cap
     pytest.importorskip("vllm")
     from evolrl.models import load_policy, load_tokenizer
 
-    engine = VLLMEngine(dtype="float32", enforce_eager=True, cpu_threads="0-1", kv_cache_gib=0.1, max_model_len=64)
+    engine = VLLMEngine(dtype="float32", enforce_eager=True, kv_cache_gib=0.1, max_model_len=64)
     engine.setup(load_tokenizer(tiny_model))
     capfd.readouterr()
     engine.load_weights(load_policy(tiny_model))

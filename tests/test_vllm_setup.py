@@ -44,3 +44,13 @@ def test_sleep_mode_is_refused_without_a_gpu_when_the_engine_is_built(level):
 def test_sleep_level_is_0_1_or_2():
     with pytest.raises(SettingError, match=r"VLLMEngine.sleep_level=3 is not allowed: an integer in \[0, 2\]"):
         VLLMEngine(sleep_level=3)
+
+
+def test_cpu_threads_is_accepted_from_older_configs_but_warned_of_as_doing_nothing(recwarn):
+    """vLLM 0.32 binds OpenMP threads only when it starts worker processes of its own (``OMPProcessManager`` in its
+    multiprocess executor); in the training process it shares torch's threads, so the key cannot bind anything.
+    Older configs (the demo's, the recorded runs') still parse; the warning says what to do instead."""
+    with pytest.warns(FutureWarning, match=r"cpu_threads \('0-1'\) does nothing.*data\.sampler_process"):
+        VLLMEngine(cpu_threads="0-1")
+    VLLMEngine()
+    assert not [w for w in recwarn if "cpu_threads" in str(w.message)]

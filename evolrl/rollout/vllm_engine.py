@@ -27,7 +27,6 @@ distribution.
 
 from __future__ import annotations
 
-import os
 import tempfile
 import warnings
 from collections.abc import Sequence
@@ -70,7 +69,8 @@ class VLLMEngine(RolloutEngine):
         max_model_len: Longest prompt + response; ``None``: what the data module asks for, else the model's limit.
         enforce_eager: Skip CUDA graph / compile capture (faster start, slower sampling on GPU).
         tensor_parallel_size: GPUs per engine; 1 when training on several ranks (one engine per rank).
-        cpu_threads: On the CPU backend, cores to bind (e.g. ``0-1``); ``None`` leaves vLLM's default.
+        cpu_threads: Ignored, and warned of, so that older configs parse: vLLM binds no cores in the training
+            process (it shares torch's threads). Sampling on cores of its own: ``data.sampler_process``.
         sleep_level: 0: vLLM holds its memory all run; 1: after each sampling call its weights go to CPU memory and
             its KV cache is freed; 2: the weights are dropped and streamed in again before the next call (as TRL
             does). Needs a CUDA GPU (``evolrl/rollout/vllm_sleep.py``).
@@ -125,7 +125,10 @@ class VLLMEngine(RolloutEngine):
         self.max_model_len = max_model_len
         self.enforce_eager = enforce_eager
         self.tensor_parallel_size = tensor_parallel_size
-        self.cpu_threads = cpu_threads
+        if cpu_threads is not None:
+            warnings.warn(f"VLLMEngine.cpu_threads ({cpu_threads!r}) does nothing: vLLM binds cores only in worker "
+                          "processes of its own, and evolrl runs it in the training process; delete the key, or give "
+                          "sampling cores of its own with data.sampler_process", FutureWarning, stacklevel=2)
         self.sleep_level = sleep_level
         self.max_num_seqs = max_num_seqs
         self.log_level = log_level
@@ -138,8 +141,6 @@ class VLLMEngine(RolloutEngine):
     def _preflight(self, policy: nn.Module) -> str:
         """The config vLLM reads, written; what would fail its start, checked (``vllm_preflight.py``)."""
         quiet_vllm_notices(self.log_level)  # before the checks import vLLM, which warns at import
-        if self.cpu_threads is not None:
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", self.cpu_threads)
         self._config_dir = tempfile.TemporaryDirectory(prefix="evolrl-vllm-config-")
         write_config(policy, self._config_dir.name)
         return preflight(self._config_dir.name, self.gpu_memory_utilization)

@@ -33,11 +33,10 @@ METRICS = ("step_s", "sample_s", "update_s", "rollout_wait_s", "sampler_idle_s",
 
 def arm_settings(arm: str, a: argparse.Namespace, cores: list[int], log_dir: Path) -> dict:
     """The demo's settings changed for ``arm`` (``k0`` or ``k1``)."""
-    every = f"{cores[0]}-{cores[-1]}" if cores == list(range(cores[0], cores[-1] + 1)) else ",".join(map(str, cores))
     data = {"vote_samples": a.vote_samples, "trained_samples": a.trained_samples, "prompts_per_step": a.prompts,
             "sampling": {"temperature": 0.7, "max_new_tokens": a.max_new_tokens},
             "engine": {"class_path": "evolrl.rollout.VLLMEngine", "init_args": {
-                "dtype": "bfloat16", "enforce_eager": True, "cpu_threads": every if arm == "k0" else str(cores[-1])}}}
+                "dtype": "bfloat16", "enforce_eager": True}}}
     if arm == "k1":
         data |= {"max_staleness": 1, "sampler_process": {"cpus": [str(cores[-1])]}}
     trainer = {"limit_train_batches": None, "max_epochs": -1, "max_steps": a.steps, "val_check_interval": a.steps,

@@ -54,8 +54,6 @@ def _place(spec: SamplerSpec) -> None:
     if spec.cores is not None:
         os.sched_setaffinity(0, spec.cores)
         os.environ["OMP_NUM_THREADS"] = str(len(spec.cores))
-        cores = ",".join(map(str, sorted(spec.cores)))
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cores)
 
 
 def serve(conn, spec: SamplerSpec, port: int) -> None:

@@ -90,7 +90,7 @@ def fit_config(model: str, root: Path, gpu: bool, strategy: str, engine: str, st
     engines = {"hf": {"class_path": "evolrl.rollout.HFEngine"},
                "vllm": {"class_path": "evolrl.rollout.VLLMEngine", "init_args": {
                    "dtype": "bfloat16", "enforce_eager": True,
-                   **({"gpu_memory_utilization": 0.3} if gpu else {"cpu_threads": f"0-{(os.cpu_count() or 1) - 1}"})}}}
+                   **({"gpu_memory_utilization": 0.3} if gpu else {})}}}
     prompt_budget = 128
     return {
         "seed_everything": 0,
