@@ -71,8 +71,7 @@ def vllm_engine(a: argparse.Namespace):
     from evolrl.rollout import VLLMEngine
 
     return VLLMEngine(dtype="bfloat16" if a.precision.startswith("bf16") else "float32",
-                      enforce_eager=a.device == "cpu", gpu_memory_utilization=0.3,
-                      cpu_threads=f"0-{os.cpu_count() - 1}")
+                      enforce_eager=a.device == "cpu", gpu_memory_utilization=0.3)
 
 
 def peak_memory() -> dict[str, float]:
@@ -198,30 +197,37 @@ def run_trl(a: argparse.Namespace) -> dict:
 
 
 def run_sampling(a: argparse.Namespace) -> dict:
-    """Generated tokens/s of evolrl's VLLMEngine and of ``LLM.generate`` on the same engine and prompts."""
+    """Generated tokens/s of one engine (``a.engine``: an ``ENGINES`` name; its dtype from ``a.precision``) and, for
+    vLLM, of ``LLM.generate`` on the same instance and prompts."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from evolrl.data import render_prompt
     from evolrl.models import load_policy, load_tokenizer
-    from evolrl.rollout import Sampling
+    from evolrl.rollout import HFEngine, Sampling
     from evolrl.types import Prompt
 
+    if a.engine == "vllm-torch-linear":  # its linear layers through torch's F.linear (MKL), as HF generate's
+        import vllm._custom_ops as ops
+
+        ops._supports_onednn = False
     tokenizer = load_tokenizer(a.model)
-    engine = vllm_engine(a)
+    engine = HFEngine(prompts_per_call=a.prompts) if a.engine == "hf" else vllm_engine(a)
     engine.setup(tokenizer, max_sequences=a.prompts * a.group, max_tokens=128 + a.max_new_tokens)
-    engine.load_weights(load_policy(a.model))
+    engine.load_weights(load_policy(a.model, dtype="bfloat16" if a.precision.startswith("bf16") else "float32"))
     texts = questions(a.prompts)
     prompts = [Prompt(str(i), q) for i, q in enumerate(texts)]
     ids = [render_prompt(tokenizer, q, None) for q in texts]
     sampling = Sampling(temperature=a.temperature, max_new_tokens=a.max_new_tokens)
-    params = SamplingParams(n=a.group, temperature=a.temperature, max_tokens=a.max_new_tokens,
-                            stop_token_ids=engine.stops(engine._eos), detokenize=False)
     rates: dict[str, list[float]] = {"engine": [], "LLM.generate": []}
-    for _ in range(a.steps):
+    for call in range(a.steps):
         t0 = time.perf_counter()
-        groups = engine.generate(prompts, ids, sampling=sampling, n=a.group, seed=0)
+        groups = engine.generate(prompts, ids, sampling=sampling, n=a.group, seed=call)
         rates["engine"].append(sum(len(r) for g in groups for r in g.response_ids) / (time.perf_counter() - t0))
+        if a.engine == "hf":
+            continue
+        params = SamplingParams(n=a.group, temperature=a.temperature, max_tokens=a.max_new_tokens,
+                                stop_token_ids=engine.stops(engine._eos), detokenize=False)
         t0 = time.perf_counter()
         outs = engine.llm.generate([TokensPrompt(prompt_token_ids=list(i)) for i in ids], params, use_tqdm=False)
         rates["LLM.generate"].append(sum(len(o.token_ids) for out in outs for o in out.outputs)
@@ -229,20 +235,38 @@ def run_sampling(a: argparse.Namespace) -> dict:
     return {"rates": rates}
 
 
+ENGINES = ("vllm", "vllm-torch-linear", "hf")
+DTYPES = {"float32": "32-true", "bfloat16": "bf16-mixed"}
+
+
+def engine_arm(text: str) -> tuple[str, str]:
+    """``engine:dtype`` for ``--engines``, checked where it is given."""
+    engine, _, dtype = text.partition(":")
+    if engine not in ENGINES or dtype not in DTYPES:
+        raise argparse.ArgumentTypeError(f"{text!r}: write engine:dtype, engine one of {', '.join(ENGINES)}, dtype "
+                                         f"one of {', '.join(DTYPES)}")
+    return engine, dtype
+
+
+def compare_engines(a: argparse.Namespace) -> None:
+    """``--engines``: each arm's generated tokens/s (median, the first call left out) and its ratio to HF
+    ``generate``'s in the same dtype."""
+    rates = {arm: statistics.median(child(a, "sampling", GGUF, engine=arm[0],
+                                          precision=DTYPES[arm[1]])["rates"]["engine"][1:]) for arm in a.engines}
+    print("\n".join(table(["engine", "dtype", "generated tokens/s", "/ HF generate's"], [
+        [e, d, f"{r:.0f}", f"{r / rates[('hf', d)]:.2f}" if ("hf", d) in rates else "-"] for (e, d), r in rates.items()])))
+
+
 RUNNERS = {"evolrl": run_evolrl, "evolrl-hf": run_evolrl, "trl": run_trl, "sampling": run_sampling}
 
 
 # ---- the parent: spawn, collect, print -------------------------------------------------------
-def child(a: argparse.Namespace, framework: str, model: str, module: str = "tools.bench.bench",
-          timeout: float | None = None, **overrides) -> dict:
-    """One run in a process of its own: ``python -m module --child ARGS --result FILE``, where ``module``'s main hands
-    ARGS (``a``, ``framework``, ``model`` and ``overrides``) to its runner; exits naming the run if it fails.
-    ``timeout``: seconds, past which ``subprocess.TimeoutExpired`` reaches the caller."""
+def child(a: argparse.Namespace, framework: str, model: str, **overrides) -> dict:
     with tempfile.TemporaryDirectory(prefix="evolrl-bench-") as work:
         out = Path(work) / "result.json"
         args = {**vars(a), "framework": framework, "model": model, "workdir": work, **overrides}
-        cmd = [sys.executable, "-m", module, "--child", json.dumps(args), "--result", str(out)]
-        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+        cmd = [sys.executable, "-m", "tools.bench.bench", "--child", json.dumps(args), "--result", str(out)]
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=ROOT)
         if proc.returncode != 0:
             sys.exit(f"{framework} on {model} failed (exit {proc.returncode}):\n{failure_report(proc.stderr)}")
         return json.loads(out.read_text())
@@ -304,6 +328,8 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--trl-vllm", action="store_true", help="TRL samples with vLLM (colocate) instead of HF generate")
     p.add_argument("--skip-checks", action="store_true", help="only the framework comparison")
+    p.add_argument("--engines", nargs="+", type=engine_arm, metavar="ENGINE:DTYPE",
+                   help=f"only time the rollout engines ({', '.join(ENGINES)}; --steps calls each)")
     p.add_argument("--reward", default="ttrl", choices=["ttrl", "evol"], help=argparse.SUPPRESS)
     p.add_argument("--vote", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -318,6 +344,10 @@ def main() -> None:
         return
 
     capped = isa.limit(a.isa)
+    if a.engines:
+        print(f"# {a.prompts} prompts x {a.group} responses, {a.max_new_tokens} new tokens, {a.steps} calls per engine "
+              f"(the first left out), {os.cpu_count()} CPU cores" + (f"; {capped}" if capped else ""))
+        return compare_engines(a)
     import torch
 
     asked, why = a.precision, precision_rule(a)
@@ -348,7 +378,7 @@ def main() -> None:
         print(f"\nEVOL-RL reward (vote + embedding + novelty) at the demo settings (4 prompts x 16 votes, 8 trained, "
               f"48 tokens): median {statistics.median(s['reward'] for s in steps):.3f} s of a "
               f"{statistics.median(s['step'] for s in steps):.2f} s step = {100 * share:.1f}%")
-        rates = child(a, "sampling", gguf, steps=max(a.steps, 5))["rates"]
+        rates = child(a, "sampling", gguf, steps=max(a.steps, 5), engine="vllm")["rates"]
         engine, raw = statistics.median(rates["engine"][1:]), statistics.median(rates["LLM.generate"][1:])
         print(f"sampling, generated tokens/s (same prompts, same vLLM instance): evolrl engine {engine:.0f}, "
               f"LLM.generate {raw:.0f}, ratio {engine / raw:.2f}")

@@ -12,32 +12,15 @@ ones, or vs shared-prompt ones (``Batching.shared_prompts``: each group's prompt
     python -m tools.bench.bench_update --paper --paths packed --profile 15 --compile --flex  # + FlexAttention
     python -m tools.bench.bench_update --study4 --paths padded shared  # Study IV's update: few-shot prompts, G = 8
 
-What is built, timed and counted, the scale model of the paper's update the defaults are, and how to read the
-tables: docs/performance.md ("The update alone", "The update on a GPU"). The decisions, in short. The models are
-built as the module builds them (``build_models``, ``build_optimizer``, bf16 autocast as Lightning's ``bf16-mixed``);
-on a GPU (``--device cuda``, the default where there is one) as a one-GPU ``ModelParallelStrategy`` run builds them
-(FSDP2 over a mesh of the one device, bf16 all-gathers). Models may be named Qwen3 shapes (``qwen3-0.6b`` ...
-``qwen3-8b``: random weights, no download). A sequence is a ``--prompt`` + a response of (a) ``heavy``: log-normal
-length (``--median``, ``--sigma``, capped at ``--cap``) or (b) ``uniform`` over [0.2 m, 1.8 m], m the mean of (a)'s
-sample (``demo``: configs/demo.yaml's); token ids, lengths and advantages seeded, so both paths train on the same
-sequences; with ``--group G`` each run of G sequences shares its prompt's tokens (a GRPO group). Time: after a warm-up update on a draw of its own (seed ``--seed`` - 1: AdamW state allocated, the
-allocator's heap grown, as in any step after the first), the median of ``--repeats`` updates, each on its own draw
-(seeds ``--seed``, ``--seed`` + 1, ...: new shapes every time, as in training), under the allocator the trainer sets
-on a CPU (``evolrl/logprobs/allocator.py``). Peak memory on a CPU comes from a second process (the timing one's
-allocator keeps freed memory): VmHWM during the first draw's update (reset through /proc/self/clear_refs), as is
-("abs") and above the resident set before it ("update"), with MALLOC_MMAP_THRESHOLD_=1MiB so that freed tensors
-leave the resident set; on a GPU CUDA's allocated peak, from the timed process (live tensors only; compiling a
-large shape twice would take minutes).
-
-FLOPs are model FLOPs (MFU): gradient-checkpointing recomputation and padding are not counted. A sequence of s tokens
-of which r are scored; N_b weights of the blocks' matmuls, N_h of the LM head (at scored positions only, as the
-update applies it), L layers, attention width a (heads x head_dim). A no-grad forward: 2 N_b s + 2 N_h r + 2 L a
-s(s+1) (causal: s(s+1)/2 query-key pairs, QK^T and AV); training three times that; old log-probs (mini-batches after
-the first) and the reference one no-grad forward each. With ``--group G`` a prompt of p tokens counts once a group on
-every path (the useful work: s - p + p / G tokens, s(s+1) - p(p+1)(1 - 1/G) pairs), and "padding" counts the padded
-path's copies of it as waste. MFU against the matmul peak measured in the same invocation
-(bf16 and fp32) on a CPU, the card's dense bf16 peak on a GPU (``update_profile.card_peak``). "block mm GFLOP/s": the
-model's own block matmuls alone at the first draw's mean pass size, a ceiling on its MFU.
+What is built, timed and counted, and how to read the tables: docs/performance.md ("The update alone", "The update
+on a GPU"). In short: models are built as the module builds them, on a GPU as a one-GPU ``ModelParallelStrategy``
+run does (FSDP2 over one device); named Qwen3 shapes (``qwen3-0.6b`` ... ``qwen3-8b``) take random weights. A
+sequence is a ``--prompt`` plus a response of ``heavy`` (log-normal: ``--median``, ``--sigma``, ``--cap``) or
+``uniform`` length, seeded, so that every path trains on the same sequences; with ``--group G`` a run of G shares its
+prompt, counted once a group on every path (the padded path's copies count as padding). Time: the median of
+``--repeats`` updates, each on a draw of its own, after a warm-up update. Peak: a second process's VmHWM on a CPU,
+CUDA's allocated peak on a GPU. MFU: model FLOPs (no recomputation, no padding) over the matmul peak measured in the
+same invocation on a CPU, the card's dense bf16 peak on a GPU (``update_profile.card_peak``).
 """
 
 from __future__ import annotations

@@ -5,27 +5,9 @@ configs, each section in its own process under its own timeout, the report appen
     python -m tools.bench.gpu_update --out gpu-update --sections 2-6  # the earlier ones (the 1.7B update's targets)
     python -m tools.bench.gpu_update --out cpu-update --cpu           # CPU mode, tiny sizes: ~1 min on 2 cores
 
-Sections, in the order they run (names or numbers for ``--sections``, or ``all``; each one's timeout on a GPU in
-brackets; ``BENCH`` holds each bench section's ``bench_update`` flags). Without ``--sections`` the default ones run: 1
-and 7-11, 650 s of timeouts, the figures still wanted; where one command may run 600 s at most, pass ``--deadline`` or
-run two commands with the same ``--out``:
-
-1. versions [30 s]: the packages, the device, and this torch's ``varlen_attn`` signature (its kernels: a GPU test's).
-2. paper [120 s]: the Qwen3-1.7B shape uncompiled: MFU, GPU-busy fraction, launches, the peak beside ``gpu_budget``.
-3. 4b-sgd [130 s]: the Qwen3-4B shape with plain SGD (AdamW's moments do not fit 80 GB), no profile.
-4. lr0 [75 s]: one update at learning rate 0 on ``gpu_check``'s update shape, FSDP2 over a one-process mesh, two
-   mini-batches of 4: mini-batch 2's ratio exp(logp - old_logp) (1 up to kernel noise) and the clip fractions.
-5. kl [50 s]: ``check.kl_at_positions`` at identical weights, single-process and through FSDP2.
-6. paper-compiled [240 s]: section 2 compiled, with the checkpointing ``gpu_budget`` fits to the card and a 2,048-token
-   head chunk (compiling took 133 s on an H100 with a cold cache); skipped in CPU mode unless named.
-7. 4b-budget [190 s]: the Qwen3-4B shape compiled with SGD, passes of at most 16,384 tokens: fewer layers
-   checkpointed than at 32,768 (a route to MFU 0.45).
-8. 4b-adamw [130 s, its graphs cached by 7]: the Qwen3-4B shape compiled with the trainer's fused AdamW (its moments: 30 GiB): whether one
-   80 GB card holds it, and its MFU.
-9. embedder [80 s]: the novelty embedder (bf16, 8 texts a pass) on 64 texts of 2k, 8k and 12k tokens, at
-   Qwen3-Embedding-4B's and 0.6B's shapes: seconds and the peak above its weights.
-10. gather [50 s]: the Qwen3-4B policy's full bf16 tensors from FSDP2, one at a time, as a push streams them.
-11. flex [170 s]: section 6 with ``--flex``: it runs, or its error (skipped on a CPU: FlexAttention is CUDA's).
+Sections, in the order they run, are listed below the options with their GPU timeouts (``*``: run without
+``--sections``, the figures still wanted; ``BENCH`` holds each bench section's ``bench_update`` flags). Where one
+command may run 600 s at most, pass ``--deadline`` or run two commands with the same ``--out``.
 
 Reading the report (``DIR/report.md``; ``DIR/report.json`` holds the same and the figures read): one line per
 invocation (command, machine, commit, time; a later invocation with the same ``--out`` appends), then a
@@ -533,8 +515,10 @@ def machine(gpu: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    listed = "\n".join(f"{i}. {x.name} [{x.gpu_timeout:.0f} s]{' *' if x.default else ''}: {x.title}"
+                        + (f" (CPU mode skips it: {x.cpu_skip})" if x.cpu_skip else "") for i, x in enumerate(SECTIONS, 1))
     parser = argparse.ArgumentParser(prog="python -m tools.bench.gpu_update", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     epilog="sections:\n" + listed, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="report.md, report.json and work/ (logs, models)")
     parser.add_argument("--cpu", action="store_true", help="CPU mode (automatic without CUDA)")
     parser.add_argument("--sections", help=f"comma-separated names, numbers or ranges (1-{len(SECTIONS)}), or all; "
