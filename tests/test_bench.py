@@ -53,3 +53,6 @@ def test_an_engine_arm_written_wrong_fails_at_start_naming_the_choices():
     result = subprocess.run([sys.executable, "-m", "tools.bench.bench", "--engines", "vllm:fp8"], check=False,
                             capture_output=True, text=True, cwd=Path(__file__).parent.parent)
     assert result.returncode == 2 and "vllm:fp8" in result.stderr and "bfloat16" in result.stderr
+    result = subprocess.run([sys.executable, "-m", "tools.bench.bench", "--engines", "hf:float32", "--steps", "1"],
+                            check=False, capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert result.returncode == 2 and "--steps 1" in result.stderr and "at least 2" in result.stderr

@@ -66,11 +66,15 @@ def tiny_model(directory: Path, like: str) -> str:
     return str(directory)
 
 
+def weights_dtype(a: argparse.Namespace) -> str:  # the sampler's, for a.precision
+    return "bfloat16" if a.precision.startswith("bf16") else "float32"
+
+
 def vllm_engine(a: argparse.Namespace):
     """evolrl's vLLM engine as the demo configures it (KV cache sized by the data module's largest call)."""
     from evolrl.rollout import VLLMEngine
 
-    return VLLMEngine(dtype="bfloat16" if a.precision.startswith("bf16") else "float32",
+    return VLLMEngine(dtype=weights_dtype(a),
                       enforce_eager=a.device == "cpu", gpu_memory_utilization=0.3)
 
 
@@ -214,20 +218,21 @@ def run_sampling(a: argparse.Namespace) -> dict:
     tokenizer = load_tokenizer(a.model)
     engine = HFEngine(prompts_per_call=a.prompts) if a.engine == "hf" else vllm_engine(a)
     engine.setup(tokenizer, max_sequences=a.prompts * a.group, max_tokens=128 + a.max_new_tokens)
-    engine.load_weights(load_policy(a.model, dtype="bfloat16" if a.precision.startswith("bf16") else "float32"))
+    engine.load_weights(load_policy(a.model, dtype=weights_dtype(a)))
     texts = questions(a.prompts)
     prompts = [Prompt(str(i), q) for i, q in enumerate(texts)]
     ids = [render_prompt(tokenizer, q, None) for q in texts]
     sampling = Sampling(temperature=a.temperature, max_new_tokens=a.max_new_tokens)
+    params = None if a.engine == "hf" else SamplingParams(
+        n=a.group, temperature=a.temperature, max_tokens=a.max_new_tokens, stop_token_ids=engine.stops(engine._eos),
+        detokenize=False)
     rates: dict[str, list[float]] = {"engine": [], "LLM.generate": []}
     for call in range(a.steps):
         t0 = time.perf_counter()
         groups = engine.generate(prompts, ids, sampling=sampling, n=a.group, seed=call)
         rates["engine"].append(sum(len(r) for g in groups for r in g.response_ids) / (time.perf_counter() - t0))
-        if a.engine == "hf":
+        if params is None:
             continue
-        params = SamplingParams(n=a.group, temperature=a.temperature, max_tokens=a.max_new_tokens,
-                                stop_token_ids=engine.stops(engine._eos), detokenize=False)
         t0 = time.perf_counter()
         outs = engine.llm.generate([TokensPrompt(prompt_token_ids=list(i)) for i in ids], params, use_tqdm=False)
         rates["LLM.generate"].append(sum(len(o.token_ids) for out in outs for o in out.outputs)
@@ -249,8 +254,7 @@ def engine_arm(text: str) -> tuple[str, str]:
 
 
 def compare_engines(a: argparse.Namespace) -> None:
-    """``--engines``: each arm's generated tokens/s (median, the first call left out) and its ratio to HF
-    ``generate``'s in the same dtype."""
+    """``--engines``: each arm's median tokens/s (first call left out), and as a share of HF's in its dtype."""
     rates = {arm: statistics.median(child(a, "sampling", GGUF, engine=arm[0],
                                           precision=DTYPES[arm[1]])["rates"]["engine"][1:]) for arm in a.engines}
     print("\n".join(table(["engine", "dtype", "generated tokens/s", "/ HF generate's"], [
@@ -343,6 +347,8 @@ def main() -> None:
         Path(a.result).write_text(json.dumps(result))
         return
 
+    if a.engines and a.steps < 2:
+        p.error(f"--steps {a.steps} with --engines: at least 2 calls (the first is left out as warm-up)")
     capped = isa.limit(a.isa)
     if a.engines:
         print(f"# {a.prompts} prompts x {a.group} responses, {a.max_new_tokens} new tokens, {a.steps} calls per engine "
