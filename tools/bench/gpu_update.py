@@ -9,13 +9,8 @@ Sections, in the order they run, are listed below the options with their GPU tim
 ``--sections``, the figures still wanted; ``BENCH`` holds each bench section's ``bench_update`` flags). Where one
 command may run 600 s at most, pass ``--deadline`` or run two commands with the same ``--out``.
 
-Reading the report (``DIR/report.md``; ``DIR/report.json`` holds the same and the figures read): one line per
-invocation (command, machine, commit, time; a later invocation with the same ``--out`` appends), then a
-``## N. name: status (seconds)`` section each: ``ok``, ``FAILED`` (the error, or the log's tail), ``TIMED OUT``
-(after its timeout, with the log's tail; the process and everything it started killed; a bench section that printed
-its result row first keeps that row and its figures) or ``skipped`` (why). A bench
-section opens with a one-row summary (docs/performance.md's columns) above ``bench_update``'s own output. Logs:
-``DIR/work/NAME.log``; models: ``DIR/work/models``. Exit status 1 when a section failed or timed out.
+Reading ``DIR/report.md`` (a line per invocation, then each section's ``ok``, ``FAILED``, ``TIMED OUT`` or
+``skipped``, with why) and ``DIR/work/``'s logs: docs/gpu.md. Exit status 1 when a section failed or timed out.
 
 ``--cpu`` (automatic without CUDA): the same sections at CPU sizes: the bench sections with ``--quick --paths packed``
 on ``gpu_check``'s small CPU update shape (no profile: launches and busy time are a GPU's), FSDP2 over a one-process

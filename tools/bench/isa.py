@@ -1,9 +1,8 @@
 """``--isa avx2``: a benchmark's code paths as on an x86 CPU with AVX2 alone (no AVX-512, no AMX), on a newer CPU.
 
-MKL's sgemm, oneDNN (torch's and vLLM's), ATen's kernels and so the CLI's ``cpu_bf16`` check cap their instruction
-set from an environment variable. torch's CPU-feature queries, which vLLM reads to pick its build (``_C_AVX2``) and
-attention ISA, have none: they are replaced in the process. Clock, caches and memory stay this CPU's, so the
-figures rank the AVX2 paths; they are not an AVX2 machine's seconds.
+MKL, oneDNN (torch's and vLLM's) and ATen, hence the CLI's ``cpu_bf16`` check, cap their instruction set from an
+environment variable; torch's CPU-feature queries, which vLLM reads to pick ``_C_AVX2`` and its attention, answer False.
+Clock, caches and memory stay this CPU's: the figures rank the AVX2 paths, they are not an AVX2 machine's seconds.
 """
 
 from __future__ import annotations
