@@ -1,12 +1,15 @@
 """What the tools share: the repository root and its commit, this process's memory as Linux reports it, this machine's matmul
 rate, a free port for a process group, a run's TensorBoard scalars, a markdown table, the report of a failed child
-process."""
+process, a SIGTERM passed on to the children."""
 
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -97,3 +100,20 @@ def failure_report(stderr: str, tail: int = 3000) -> str:
     named = [m.group(2)[:300] for line in stderr.splitlines() if (m := EXCEPTION.match(line.strip()))]
     head = "exceptions raised:\n" + "\n".join(named[-8:]) + "\n...\n" if named else ""
     return head + stderr[-tail:]
+
+
+
+def pass_on_sigterm() -> None:
+    """SIGTERM to a tool alone (``kill PID``) goes on to the processes it runs; it exits ``128 + 15`` once they end (a
+    ``fit`` child saves its checkpoint first). Each tool's entry point calls it, so chains of tools pass it down."""
+
+    def stop(signum, frame) -> None:
+        import psutil  # accelerate's dependency
+        children = psutil.Process().children()
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.send_signal(signum)
+        psutil.wait_procs(children)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from tools.common import ROOT, failure_report, read_scalars
+from tools.common import ROOT, failure_report, pass_on_sigterm, read_scalars
 
 METRICS = ("step_s", "sample_s", "update_s", "rollout_wait_s", "sampler_idle_s", "pass@1")
 
@@ -119,4 +119,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    pass_on_sigterm()
     main()

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from tools.bench import isa
-from tools.common import ROOT, failure_report, status_mib, table
+from tools.common import ROOT, failure_report, pass_on_sigterm, status_mib, table
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -74,8 +74,7 @@ def vllm_engine(a: argparse.Namespace):
     """evolrl's vLLM engine as the demo configures it (KV cache sized by the data module's largest call)."""
     from evolrl.rollout import VLLMEngine
 
-    return VLLMEngine(dtype=weights_dtype(a),
-                      enforce_eager=a.device == "cpu", gpu_memory_utilization=0.3)
+    return VLLMEngine(dtype=weights_dtype(a), enforce_eager=a.device == "cpu", gpu_memory_utilization=0.3)
 
 
 def peak_memory() -> dict[str, float]:
@@ -391,4 +390,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    pass_on_sigterm()
     main()

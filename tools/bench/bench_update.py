@@ -12,15 +12,8 @@ ones, or vs shared-prompt ones (``Batching.shared_prompts``: each group's prompt
     python -m tools.bench.bench_update --paper --paths packed --profile 15 --compile --flex  # + FlexAttention
     python -m tools.bench.bench_update --study4 --paths padded shared  # Study IV's update: few-shot prompts, G = 8
 
-What is built, timed and counted, and how to read the tables: docs/performance.md ("The update alone", "The update
-on a GPU"). In short: models are built as the module builds them, on a GPU as a one-GPU ``ModelParallelStrategy``
-run does (FSDP2 over one device); named Qwen3 shapes (``qwen3-0.6b`` ... ``qwen3-8b``) take random weights. A
-sequence is a ``--prompt`` plus a response of ``heavy`` (log-normal: ``--median``, ``--sigma``, ``--cap``) or
-``uniform`` length, seeded, so that every path trains on the same sequences; with ``--group G`` a run of G shares its
-prompt, counted once a group on every path (the padded path's copies count as padding). Time: the median of
-``--repeats`` updates, each on a draw of its own, after a warm-up update. Peak: a second process's VmHWM on a CPU,
-CUDA's allocated peak on a GPU. MFU: model FLOPs (no recomputation, no padding) over the matmul peak measured in the
-same invocation on a CPU, the card's dense bf16 peak on a GPU (``update_profile.card_peak``).
+What is built, timed and counted (named Qwen3 shapes take random weights; the peak is a second process's VmHWM on a
+CPU, CUDA's allocated peak on a GPU), and how to read the tables: docs/performance.md ("The update alone").
 """
 
 from __future__ import annotations
@@ -42,7 +35,7 @@ from torch import nn
 
 from tools.bench.update_profile import QWEN3, card_peak, cuda_profile, summary_lines
 from tools.commands.gpu_budget import every_nth
-from tools.common import ROOT, failure_report, free_port, matmul_peak, reset_peak, status_mib
+from tools.common import ROOT, failure_report, free_port, matmul_peak, pass_on_sigterm, reset_peak, status_mib
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -108,8 +101,8 @@ def counted_weights(policy) -> dict[str, int]:
 
 def update_flops(w: dict[str, int], lengths: list[int], prompt: int, mini_batch: int, kl: bool,
                  shared: int = 1) -> float:
-    """Model FLOPs of one update (module docstring); ``shared``: each prompt computed once for that many sequences
-    (its tokens and its own attention pairs counted once a group)."""
+    """Model FLOPs of one update (docs/performance.md, "The update alone"); ``shared``: each prompt computed once for
+    that many sequences (its tokens and its own attention pairs counted once a group)."""
     total = 0.0
     for i, s in enumerate(lengths):
         tokens = s - prompt + prompt / shared
@@ -135,8 +128,8 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
              entropy_coef: float, temperature: float, chunk: int, threads: int, allocator: str, device: str = "cpu",
              warmup: list[int] | None = None, ceiling: bool = False, profile: int = 0, compiled: bool = False,
              flex: bool = False, optimizer: str = "adamw", group: int = 1) -> dict:
-    """One update per draw of sequence lengths, measured, in this (fresh) process (on ``cuda`` as the module docstring
-    says). ``profile``: the kernels (``update_profile.cuda_profile``); ``compiled``: ``Batching.compile_blocks``;
+    """One update per draw of sequence lengths, measured, in this (fresh) process (on ``cuda``, FSDP2 over a one-GPU
+    mesh). ``profile``: the kernels (``update_profile.cuda_profile``); ``compiled``: ``Batching.compile_blocks``;
     ``flex``: ``Batching.flex_attention`` (packed passes); ``optimizer``: the module's AdamW or plain SGD (no state: a
     shape whose AdamW moments do not fit)."""
     from evolrl.training import Batching, GRPOLoss, GRPOUpdate, Optimization
@@ -171,8 +164,7 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
 
     def step(part) -> None:
         with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
-            update(policy, reference, part.to(device), temperature=temperature, optimizer=optim,
-                   scheduler=scheduler)
+            update(policy, reference, part.to(device), temperature=temperature, optimizer=optim, scheduler=scheduler)
         sync()
 
     start = time.perf_counter()
@@ -193,8 +185,7 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
         step(seqs)
         seconds = time.perf_counter() - start
         peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else status_mib("VmHWM")
-        plan = [[computed_tokens(micro, lengths, path, prompt, group) for micro in mini]
-                for mini in update.plan(seqs)]
+        plan = [[computed_tokens(micro, lengths, path, prompt, group) for micro in mini] for mini in update.plan(seqs)]
         passes = [tokens for mini in plan for tokens in mini]
         shared = group  # the useful work on every path: a group's prompt once (the padded path's copies are waste)
         measured.append({"seconds": seconds, "update_mib": peak - before, "abs_mib": peak, "real": sum(lengths),
@@ -258,11 +249,10 @@ def block_matmul_rate(policy, tokens: int, dtype) -> float:
 def measure(a: argparse.Namespace, model: str, draws: list[list[int]], path: str,
             warmup: list[int] | None = None) -> dict:
     """Over ``draws``, after an update on ``warmup``: the median update time, tokens/s and FLOP/s over all of them;
-    the first draw's peak memory of live tensors, passes and padding (which process measures what: module docstring)."""
+    the first draw's peak memory of live tensors, passes and padding (which process measures what: the docs)."""
     case = {"model": model, "path": path} | {k: getattr(a, k) for k in CASE}
     runs = {}
-    processes = (("time", "trainer", {}, draws),
-                 ("memory", "live", {"MALLOC_MMAP_THRESHOLD_": str(2**20)}, draws[:1]))
+    processes = (("time", "trainer", {}, draws), ("memory", "live", {"MALLOC_MMAP_THRESHOLD_": str(2**20)}, draws[:1]))
     for purpose, allocator, env, its in processes[:1] if a.device == "cuda" else processes:
         timing = purpose == "time"  # the memory process measures its peak only
         spec = case | {"allocator": allocator, "draws": its, "warmup": warmup if timing else None, "ceiling": timing,
@@ -491,4 +481,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    pass_on_sigterm()
     main()

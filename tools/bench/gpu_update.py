@@ -13,8 +13,7 @@ Reading ``DIR/report.md`` (a line per invocation, then each section's ``ok``, ``
 ``skipped``, with why) and ``DIR/work/``'s logs: docs/gpu.md. Exit status 1 when a section failed or timed out.
 
 ``--cpu`` (automatic without CUDA): the same sections at CPU sizes: the bench sections with ``--quick --paths packed``
-on ``gpu_check``'s small CPU update shape (no profile: launches and busy time are a GPU's), FSDP2 over a one-process
-gloo mesh. ``--timeout S`` sets every section's timeout, ``--timeout NAME=S`` one section's. For tests,
+on ``gpu_check``'s small CPU update shape (no profile), FSDP2 over a one-process gloo mesh. For tests,
 ``EVOLRL_GPU_UPDATE_FAIL=NAME[,NAME]`` makes those sections raise at their start.
 """
 
@@ -47,7 +46,7 @@ from tools.bench import bench_update
 from tools.bench.bench_update import HEAD, make_sequences, responses
 from tools.commands.gpu_budget import QWEN3, QWEN3_COMMON
 from tools.commands.gpu_check import check, env, runs
-from tools.common import ROOT, commit, failure_report
+from tools.common import ROOT, commit, failure_report, pass_on_sigterm
 
 FAIL = "EVOLRL_GPU_UPDATE_FAIL"
 LEAST = 20
@@ -206,10 +205,8 @@ def summary_lines(figures: dict, gpu: bool) -> list[str]:
     busy, estimate = figures["busy"], figures["estimate"]
     peak = (f"{figures['peak MiB (abs)'] / 1024:.1f} GiB allocated" if gpu
             else f"{figures['peak MiB (abs)']:.0f} MiB resident")
-    summary = [figures["update s"], figures["tokens/s"], figures["MFU bf16"],
-               busy[0] if busy else "-",
-               f"{busy[2]:.0f}" if busy else "-",
-               peak, f"{estimate[1]:.1f} GiB" if estimate else "-"]
+    summary = [figures["update s"], figures["tokens/s"], figures["MFU bf16"], busy[0] if busy else "-",
+               f"{busy[2]:.0f}" if busy else "-", peak, f"{estimate[1]:.1f} GiB" if estimate else "-"]
     lines = table(["update s", "tokens/s", "MFU (bf16 peak)", "GPU busy", "launches", "peak", "gpu_budget estimate"],
                   [summary])
     if figures["checkpointing"]:
@@ -322,8 +319,7 @@ def kl(ctx: Context) -> tuple[bool, list[str], dict]:
     rows, fsdp = [], f"FSDP2, one-process mesh (policy {built[0]}, reference {built[-1]})" if built else "FSDP2: not built"
     for path, out in (("single process", single), (fsdp, sharded)):
         good &= check.kl_stays_flat(out["bands"])
-        rows.append((path, f"{out['k3']:.2e}",
-                     *(f"{gap:.2e}" for _, _, gap, _ in out["bands"]), out["rotary"]))
+        rows.append((path, f"{out['k3']:.2e}", *(f"{gap:.2e}" for _, _, gap, _ in out["bands"]), out["rotary"]))
     bands = [f"abs gap {lo:,}-{hi - 1:,}" for lo, hi in size["bands"]]
     shape = size["shape"]
     return good, [(f"one {size['length']:,}-token sequence of random tokens, a {shape['hidden_size']} x "
@@ -387,8 +383,7 @@ def gather(ctx: Context) -> tuple[bool, list[str], dict]:
     from evolrl.rollout.vllm_weights import full_tensors
     from evolrl.training.build import Dtypes, build_models
 
-    size = ({"shape": qwen3_fields("qwen3-4b"), "vocab": 151936, "name": "Qwen3-4B"} if ctx.gpu else
-            ctx.size["update"])
+    size = ({"shape": qwen3_fields("qwen3-4b"), "vocab": 151936, "name": "Qwen3-4B"} if ctx.gpu else ctx.size["update"])
     policy, _ = build_models(str(ctx.model("gather-4b" if ctx.gpu else "update", size)),
                              Dtypes.resolve("bf16-mixed", "float32"), with_reference=False,
                              mesh=bench_update.one_process_mesh(ctx.gpu), device=ctx.device)
@@ -571,4 +566,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    pass_on_sigterm()
     sys.exit(main())

@@ -155,8 +155,7 @@ def summary_lines(profiled: dict, top: int) -> list[str]:
     """The GPU profile as printed: one line of figures, then the top kernels as a table."""
     figures = (f"GPU busy {profiled['busy_fraction']:.2f} of the update ({profiled['busy_s']:.2f} s of kernels), "
                f"{profiled['launches']} kernel launches, {profiled['kernels']} kernels")
-    lines = [figures, "",
-             "| kernel | calls | s | of the busy time |", "| --- | --- | --- | --- |"]
+    lines = [figures, "", "| kernel | calls | s | of the busy time |", "| --- | --- | --- | --- |"]
     for name, calls, seconds, share in profiled["top"][:top]:
         lines.append(f"| {name[:90]} | {calls} | {seconds:.3f} | {share:.1%} |")
     for key, what in (("operator", "innermost CPU event"), ("place", "where it ran")):

@@ -207,8 +207,7 @@ def moments(m: Shape, u: Update) -> dict[str, list[Row]]:
                     f"{tokens} tokens x ({k} x {kept_in} + {L - k} x {per}) B"
                     + (f" + {L - k} x {fused / 2**20:.0f} MiB fused weights" if fused else ""),
                     tokens * (k * kept_in + (L - k) * (per)) + (L - k) * fused)
-            work = ("one block's backward working set", f"{tokens} tokens x {BETA} x intermediate B",
-                    tokens * BETA * I)
+            work = ("one block's backward working set", f"{tokens} tokens x {BETA} x intermediate B", tokens * BETA * I)
             recompute = [("the last layer, recomputed", f"{tokens} tokens x {per} B", tokens * per)] if (
                 u.every and (L - 1) % u.every == 0) else []
             layer0 = ("layer 0 in its backward", f"{tokens} tokens x ({per} + {BETA} x intermediate"
@@ -312,8 +311,7 @@ def main() -> None:
     moment, peak = update_peak(shape, u)
     rows += [(name, formula, 0.0, b) for name, formula, b in peak]
     own = sum(r[3] for r in rows[3:])
-    rows.append((f"margin ({MARGIN - 1:.0%}, conservative)", "3% of the trainer's rows above", 0.0,
-                 (MARGIN - 1) * own))
+    rows.append((f"margin ({MARGIN - 1:.0%}, conservative)", "3% of the trainer's rows above", 0.0, (MARGIN - 1) * own))
     print("| component (estimated) | formula | sampling + reward, GiB | update, GiB |")
     print("|---|---|---|---|")
     for name, formula, sampling, update in rows:

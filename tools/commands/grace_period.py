@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools.common import ROOT
+from tools.common import ROOT, pass_on_sigterm
 
 DEMO = str(ROOT / "configs" / "demo.yaml")
 
@@ -57,8 +57,7 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     log = a.out / "fit.log"
     with open(log, "w") as out:
-        process = subprocess.Popen(fit_command(configs, a.out, a.extra), stdout=out, stderr=subprocess.STDOUT,
-                                   cwd=ROOT)
+        process = subprocess.Popen(fit_command(configs, a.out, a.extra), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
         wait_for(log, a.after, process, a.timeout)
         sent = time.monotonic()
         process.send_signal(getattr(signal, f"SIG{a.signal}"))
@@ -77,4 +76,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    pass_on_sigterm()
     main()

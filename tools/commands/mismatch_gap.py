@@ -2,19 +2,16 @@
 
     python -m tools.commands.mismatch_gap                   # configs/demo.yaml: bf16 vLLM, bf16 autocast, T 0.7
     python -m tools.commands.mismatch_gap --engine-dtype float32 --precision 32-true   # both sides float32: the floor
-    python -m tools.commands.mismatch_gap --config configs/paper/common.yaml --config configs/paper/qwen3-4b.yaml \
+    python -m tools.commands.mismatch_gap --config configs/paper/common.yaml --config configs/paper/qwen3-4b.yaml \\
         --config configs/paper/math500.yaml --config configs/paper/evol.yaml --steps 1      # a paper run (GPU)
 
-Builds the module, the data module and the trainer from the configs (``--config``, repeatable) through the CLI itself
-(``evolrl.cli.main(..., run=False)``), so the model, prompts (system prompt included), engine, sampling, passes and
-precision are the ones ``fit`` would use; starts the engine with the policy's weights (as ``fit`` does before its
-first step), samples ``--steps`` training steps' prompts x V responses, scores every response token as the update does
-(the policy built by ``build_models`` as the module builds it, ``GRPOUpdate.forward`` over the update's own passes,
-``GRPOUpdate.plan``, under the trainer's autocast, on one device: FSDP's bf16 all-gathered weights are not
-reproduced) and prints the ``mismatch/*`` numbers that no correction, ``TokenTruncate()`` and ``SequenceMask()``
-(``GRPOLoss.mismatch_correction``, ``evolrl/algorithms/corrections.py``, default settings) would log for them, over all
-the sampled responses. Nothing is trained. On a CPU without native bf16 the config's bf16 runs as float32, as in
-``fit`` (``cpu_bf16``), unless ``--engine-dtype`` or ``--precision`` is given: those run as asked.
+Builds the module, data module and trainer from the configs (``--config``, repeatable) through the CLI itself
+(``evolrl.cli.main(..., run=False)``), so model, prompts, engine, sampling, passes and precision are ``fit``'s; starts
+the engine with the policy's weights, samples ``--steps`` steps' prompts x V responses and scores every response token
+as the update does (``build_models``, ``GRPOUpdate.forward`` over ``GRPOUpdate.plan``'s passes, the trainer's autocast,
+one device: FSDP's bf16 gathers are not reproduced). Prints the ``mismatch/*`` numbers that no correction,
+``TokenTruncate()`` and ``SequenceMask()`` (``evolrl/algorithms/corrections.py``) would log. Nothing is trained. On a
+CPU without native bf16 a bf16 config runs float32, as in ``fit``, unless ``--engine-dtype`` or ``--precision`` asks.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """``python -m tools.study.study probe``: the untrained model on candidate tasks, before any study run.
 
-``--task addition`` evaluates every ``CANDIDATES`` task in one validate run per sampling: pass@1, pass@8, pass@16 and
-maj@16 at the evaluation sampling, and maj@16 at the training sampling (the vote of one training group: how often the
-majority label TTRL and EVOL-RL reward is right). ``--task word`` and ``--task chain`` evaluate each reasoning
-candidate (``REASONING``) in one validate run per sampling, with ``EvalResponses`` writing every response: pass@1,
-pass@16 and maj@16 at the first sampling, and at the last the vote's accuracy beside a constant guess, the share of
-responses with an answer and with a closed answer marker, the median tokens before the answer, and in how many ways a
-problem's majority answer is reached (``probe_responses.py``). A finished validate is not run again: delete its
-folder under ``<out>/probe*`` to measure it anew.
+``--task addition``: every ``CANDIDATES`` task in one validate run per sampling; pass@1, pass@8, pass@16 and maj@16 at
+the evaluation sampling, maj@16 at the training sampling (how often the majority label is right). ``--task word`` and
+``--task chain``: each ``REASONING`` candidate, every response written (``EvalResponses``): pass@k and maj@16 at the
+first sampling, at the last the vote's accuracy beside a constant guess, answered and closed shares, the median tokens
+before the answer and the ways a majority answer is reached (``probe_responses.py``). A finished validate is not run
+again: delete its folder under ``<out>/probe*`` to measure it anew.
 """
 
 from __future__ import annotations

@@ -20,14 +20,9 @@ saved none). vLLM's CPU build seeds per engine, so a resumed run samples anew fr
 
 ``probe`` measures the untrained model on candidate tasks (``probe.py``).
 
-``summary`` reads the TensorBoard event files: held-out pass@1, pass@16, maj@16 before training and at the last
-evaluation, the step the collapse monitor flagged (``CollapseMonitor`` in configs/study.yaml; how many runs had one),
-and the training curves' means over the first and the last ``--tail`` steps (entropy, response length, trailing
-fraction: the responses with text after their answer, majority ratio, label accuracy) and the median step, reward
-and update times, each as mean +- sd over the seeds; the same held-out metrics at every evaluation step, and beside
-them the training curves (entropy, length, trailing fraction) over the ``--tail`` steps up to it; the last
-sampled responses each method's first seed logged; then ``tools.commands.plot_dynamics`` draws the curves (mean over
-seeds, min-max band).
+``summary`` reads the TensorBoard event files: held-out pass@1, pass@16 and maj@16 at every evaluation, the training
+curves over the first and last ``--tail`` steps, the collapse monitor's step and the step times, mean +- sd over the
+seeds; the last responses logged; the curves drawn by ``tools.commands.plot_dynamics`` (mean, min-max band).
 """
 
 from __future__ import annotations
@@ -47,7 +42,7 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tools.commands.plot_dynamics import plot
-from tools.common import ROOT, commit, read_scalars, table
+from tools.common import ROOT, commit, pass_on_sigterm, read_scalars, table
 from tools.study.probe import REASONING, SAMPLINGS, probe
 
 BASE = ["configs/demo.yaml", "configs/study.yaml"]
@@ -439,4 +434,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    pass_on_sigterm()
     main()

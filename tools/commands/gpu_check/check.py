@@ -257,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", action="store_true", help="CPU mode even where CUDA is available")
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer steps")
     parser.add_argument("--out", type=Path, help="also write DIR/gpu_check.md; subprocess logs in DIR/work")
-    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated names or numbers (1-7)")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated names or numbers (1-{len(SECTIONS)})")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per subprocess")
     a = parser.parse_args(argv)
     chosen = [SECTIONS[int(s) - 1] if s.strip().isdigit() else s.strip() for s in a.sections.split(",")]

@@ -1,0 +1,54 @@
+"""A SIGTERM to a tool alone (``kill PID``) reaches the processes it runs (``tools.common.pass_on_sigterm``).
+
+Real processes and real signals: a tool whose child runs a tool whose child sleeps, as ``tools.bench.bench`` runs its
+``--child`` and ``tools.bench.gpu_update`` its sections. Only the top process is signalled. The waits are generous
+bounds on a loaded CI machine, not timings: each passes as soon as the processes have reported.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+
+TOOL = """
+import subprocess, sys
+from tools.common import pass_on_sigterm
+pass_on_sigterm()
+print("started", flush=True)
+sys.exit(subprocess.run([sys.executable, "-c", sys.argv[1]]).returncode)
+"""
+LAST = """
+import os, signal, sys, time
+def stop(signum, frame):
+    time.sleep(1.0)  # a fit child saving its checkpoint
+    open(sys.argv[1], "w").write(str(os.getpid()))
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+print("child", os.getpid(), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_tool_passes_sigterm_down_and_exits_143_after_its_children(tmp_path):
+    marker = tmp_path / "ended"
+    inner = f"import sys; sys.argv = ['tool', {LAST!r}, {str(marker)!r}]\n" + TOOL.replace(
+        'sys.argv[1]]', 'sys.argv[1], sys.argv[2]]')
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    top = subprocess.Popen([sys.executable, "-c", TOOL, inner], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                           text=True)
+    lines = [top.stdout.readline() for _ in range(3)]  # started, started, child PID
+    assert lines[:2] == ["started\n", "started\n"] and lines[2].startswith("child"), lines
+    last = int(lines[2].split()[1])
+    top.send_signal(signal.SIGTERM)
+    assert top.wait(timeout=60) == 143
+    assert marker.read_text() == str(last), "the tool exited before its grandchild had ended"
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{last}").exists() and time.monotonic() < deadline:  # reaped by its parent, already ended
+        time.sleep(0.1)
+    assert not Path(f"/proc/{last}").exists()
