@@ -133,7 +133,8 @@ def test_float32_runs_train_and_sample_in_float32_and_keep_the_rest_of_the_engin
 
 def test_a_run_keeps_the_study_callbacks_and_saves_its_latest_checkpoint(tmp_path):
     """The seed overlay's callbacks replace configs/study.yaml's list, so they repeat it before the checkpoint saver;
-    an unfinished run goes on from the checkpoint with the most steps."""
+    an unfinished run goes on from its newest checkpoint: the ``last.ckpt`` a SIGTERM saved after ``step=10.ckpt``,
+    then a ``step=20.ckpt`` saved after it."""
     overlay = tmp_path / "seed0.yaml"
     overlay.write_text(yaml.safe_dump(study.run_overlay(tmp_path, "ttrl", 0, smoke=False)))
     trainer = resolved(study.run_configs("addition", "ttrl") + [str(overlay)])["trainer"]
@@ -147,9 +148,10 @@ def test_a_run_keeps_the_study_callbacks_and_saves_its_latest_checkpoint(tmp_pat
     run = tmp_path / "ttrl" / "seed0"
     assert study.latest_checkpoint(run) is None
     (run / "checkpoints").mkdir(parents=True)
-    for step in (9, 30, 10):
-        (run / "checkpoints" / f"step={step}.ckpt").write_bytes(b"")
-    assert study.latest_checkpoint(run).name == "step=30.ckpt"
+    for age, name in enumerate(["step=10.ckpt", "last.ckpt", "step=20.ckpt"]):  # written in this order
+        (run / "checkpoints" / name).write_bytes(b"")
+        os.utime(run / "checkpoints" / name, (1e9 + age, 1e9 + age))
+        assert study.latest_checkpoint(run).name == name
 
 
 def test_study_three_adds_a_novelty_floor_that_a_run_without_novelty_fails():

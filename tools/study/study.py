@@ -15,8 +15,8 @@ beside the run with its seed (``seed_everything`` and ``data.seed``: prompt orde
 log directory ``<out>/<method>/seed<S>``. The methods differ only where their overlays say; everything else
 (model, task, steps, learning rate, evaluation) is ``configs/study.yaml`` on top of the demo. A finished run leaves
 ``done.json`` (its wall time, the commit it started at and each start in ``parts``); ``run`` skips those, and goes on
-with an unfinished one from its latest checkpoint (saved every ``CHECKPOINT_EVERY`` steps; from the beginning when it
-saved none). vLLM's CPU build seeds per engine, so a resumed run samples anew from that step, as another seed would.
+with an unfinished one from its newest checkpoint (saved every ``CHECKPOINT_EVERY`` steps, and by a SIGTERM; from the
+beginning when it saved none). vLLM's CPU build seeds per engine, so a resumed run samples anew from that step, as another seed would.
 
 ``probe`` measures the untrained model on candidate tasks (``probe.py``).
 
@@ -41,6 +41,7 @@ from pathlib import Path
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from evolrl.checkpoints.run_dir import newest_checkpoint
 from tools.commands.plot_dynamics import plot
 from tools.common import ROOT, commit, pass_on_sigterm, read_scalars, table
 from tools.study.probe import REASONING, SAMPLINGS, probe
@@ -89,7 +90,7 @@ it: a run takes longer than a working session may last."""
 
 def checkpoints(directory: Path) -> dict:
     """The callbacks of a run saving into ``directory/checkpoints``: configs/study.yaml's, then a ``ModelCheckpoint``
-    keeping the latest of every ``CHECKPOINT_EVERY`` steps (named by its step, the one ``latest_checkpoint`` finds)."""
+    keeping the latest of every ``CHECKPOINT_EVERY`` steps (named by its step)."""
     callbacks = yaml.safe_load((ROOT / BASE[1]).read_text())["trainer"]["callbacks"]
     saver = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
              "init_args": {"dirpath": str(directory / "checkpoints"), "filename": "{step}",
@@ -98,9 +99,9 @@ def checkpoints(directory: Path) -> dict:
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
-    """The checkpoint of an unfinished run with the most steps, ``None`` without one."""
-    saved = list((directory / "checkpoints").glob("step=*.ckpt"))
-    return max(saved, key=lambda p: int(p.stem.removeprefix("step="))) if saved else None
+    """The newest checkpoint of an unfinished run: a ``step=N.ckpt`` or the ``last.ckpt`` a stopped ``fit`` saves
+    (what ``--ckpt_path last`` picks); ``None`` without one."""
+    return newest_checkpoint(directory / "checkpoints")
 
 
 FLOAT32 = {"trainer": {"precision": "32-true"}, "data": {"engine": {"init_args": {"dtype": "float32"}}}}
