@@ -52,3 +52,34 @@ def test_a_tool_passes_sigterm_down_and_exits_143_after_its_children(tmp_path):
     while Path(f"/proc/{last}").exists() and time.monotonic() < deadline:  # reaped by its parent, already ended
         time.sleep(0.1)
     assert not Path(f"/proc/{last}").exists()
+
+
+def ended(pid: int) -> bool:
+    """Gone, or a zombie waiting for a reaper (an orphan's reaper in a container may never come)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_child_leading_its_own_session_gets_sigterm_for_its_whole_group(tmp_path):
+    """``gpu_check`` starts pytest in a session of its own; pytest's children must end with it, although pytest passes
+    nothing on (here: a child without a handler, whose own child sleeps)."""
+    sleeper = "import os, time; print('child', os.getpid(), flush=True); time.sleep(600)"
+    middle = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {sleeper!r}])"
+    tool = TOOL.replace("sys.argv[1]])", "sys.argv[1]], start_new_session=True)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    top = subprocess.Popen([sys.executable, "-c", tool, middle], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+    lines = [top.stdout.readline() for _ in range(2)]
+    assert lines[0] == "started\n" and lines[1].startswith("child"), lines
+    last = int(lines[1].split()[1])
+    try:
+        top.send_signal(signal.SIGTERM)
+        assert top.wait(timeout=60) == 143
+        deadline = time.monotonic() + 10
+        while not ended(last) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ended(last), "the grandchild in the child's process group outlived the tool"
+    finally:
+        if not ended(last):
+            os.kill(last, signal.SIGKILL)

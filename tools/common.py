@@ -5,6 +5,7 @@ process, a SIGTERM passed on to the children."""
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import socket
@@ -102,17 +103,16 @@ def failure_report(stderr: str, tail: int = 3000) -> str:
     return head + stderr[-tail:]
 
 
-
 def pass_on_sigterm() -> None:
-    """SIGTERM to a tool alone (``kill PID``) goes on to the processes it runs; it exits ``128 + 15`` once they end (a
-    ``fit`` child saves its checkpoint first). Each tool's entry point calls it, so chains of tools pass it down."""
+    """SIGTERM to a tool (``kill PID``) goes on to its children, to the whole group of one leading its own session; it
+    exits ``128 + 15`` once they end (a ``fit`` child saves its checkpoint first). Every tool's entry point calls it."""
 
     def stop(signum, frame) -> None:
         import psutil  # accelerate's dependency
         children = psutil.Process().children()
         for child in children:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                child.send_signal(signum)
+            with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
+                os.killpg(child.pid, signum) if os.getpgid(child.pid) == child.pid else child.send_signal(signum)
         psutil.wait_procs(children)
         sys.exit(128 + signum)
 
