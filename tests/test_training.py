@@ -232,6 +232,7 @@ def test_a_dtype_setting_outside_its_choices_is_refused(tiny_model, key):
 
 
 @pytest.mark.slow
+@pytest.mark.gguf
 def test_gguf_policy_is_saveable(tmp_path):
     pytest.importorskip("gguf")
     from evolrl.models import resolve_model
