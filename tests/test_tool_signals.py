@@ -41,13 +41,15 @@ def test_a_tool_passes_sigterm_down_and_exits_143_after_its_children(tmp_path):
         'sys.argv[1]]', 'sys.argv[1], sys.argv[2]]')
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     top = subprocess.Popen([sys.executable, "-c", TOOL, inner], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                           text=True)
+                           stderr=subprocess.PIPE, text=True)
     lines = [top.stdout.readline() for _ in range(3)]  # started, started, child PID
     assert lines[:2] == ["started\n", "started\n"] and lines[2].startswith("child"), lines
     last = int(lines[2].split()[1])
     top.send_signal(signal.SIGTERM)
     assert top.wait(timeout=60) == 143
     assert marker.read_text() == str(last), "the tool exited before its grandchild had ended"
+    said = [f"{name}: SIGTERM passed on to its children, which ended; exit 143" for name in ("tool", "-c")]
+    assert top.stderr.read().splitlines() == said, "each tool, the inner one first, says why it ended (its argv[0])"
     deadline = time.monotonic() + 10
     while Path(f"/proc/{last}").exists() and time.monotonic() < deadline:  # reaped by its parent, already ended
         time.sleep(0.1)

@@ -1,6 +1,5 @@
-"""What the tools share: the repository root and its commit, this process's memory as Linux reports it, this machine's matmul
-rate, a free port for a process group, a run's TensorBoard scalars, a markdown table, the report of a failed child
-process, a SIGTERM passed on to the children."""
+"""What the tools share: the repository root and its commit, this process's memory, this machine's matmul rate, a free
+port, a run's TensorBoard scalars, a markdown table, a failed child's report, a SIGTERM passed on to the children."""
 
 from __future__ import annotations
 
@@ -104,8 +103,8 @@ def failure_report(stderr: str, tail: int = 3000) -> str:
 
 
 def pass_on_sigterm() -> None:
-    """SIGTERM to a tool (``kill PID``) goes on to its children, to the whole group of one leading its own session; it
-    exits ``128 + 15`` once they end (a ``fit`` child saves its checkpoint first). Every tool's entry point calls it."""
+    """SIGTERM to a tool (``kill PID``) goes on to its children (the whole group of one leading its own session); once
+    they end, the tool says so and exits ``128 + 15`` (a ``fit`` child saves its checkpoint first)."""
 
     def stop(signum, frame) -> None:
         import psutil  # accelerate's dependency
@@ -114,6 +113,7 @@ def pass_on_sigterm() -> None:
             with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
                 os.killpg(child.pid, signum) if os.getpgid(child.pid) == child.pid else child.send_signal(signum)
         psutil.wait_procs(children)
+        os.write(2, f"{sys.argv[0]}: SIGTERM passed on to its children, which ended; exit {128 + signum}\n".encode())
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
