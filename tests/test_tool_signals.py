@@ -71,7 +71,8 @@ def test_a_child_leading_its_own_session_gets_sigterm_for_its_whole_group(tmp_pa
     middle = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {sleeper!r}])"
     tool = TOOL.replace("sys.argv[1]])", "sys.argv[1]], start_new_session=True)")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    top = subprocess.Popen([sys.executable, "-c", tool, middle], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+    top = subprocess.Popen([sys.executable, "-c", tool, middle], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                           text=True)
     lines = [top.stdout.readline() for _ in range(2)]
     assert lines[0] == "started\n" and lines[1].startswith("child"), lines
     last = int(lines[1].split()[1])

@@ -15,8 +15,8 @@ beside the run with its seed (``seed_everything`` and ``data.seed``: prompt orde
 log directory ``<out>/<method>/seed<S>``. The methods differ only where their overlays say; everything else
 (model, task, steps, learning rate, evaluation) is ``configs/study.yaml`` on top of the demo. A finished run leaves
 ``done.json`` (its wall time, the commit it started at and each start in ``parts``); ``run`` skips those, and goes on
-with an unfinished one from its newest checkpoint (saved every ``CHECKPOINT_EVERY`` steps, and by a SIGTERM; from the
-beginning when it saved none). vLLM's CPU build seeds per engine, so a resumed run samples anew from that step, as another seed would.
+with an unfinished one from its newest checkpoint (every ``CHECKPOINT_EVERY`` steps, or a SIGTERM's; from the start
+when it saved none). vLLM's CPU build seeds per engine, so a resumed run samples anew from there, as another seed would.
 
 ``probe`` measures the untrained model on candidate tasks (``probe.py``).
 
