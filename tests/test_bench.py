@@ -35,8 +35,8 @@ def test_bench_prints_both_frameworks_and_their_ratio():
 
 
 def test_the_engine_comparison_times_both_engines_on_avx2s_code_paths():
-    """``--engines ... --isa avx2``: a row per arm, each with its ratio to HF ``generate`` in its dtype (1.00 for HF
-    itself), under a header naming the cap. Tiny sizes: the tool's paths, not its timings."""
+    """``--engines ... --isa avx2``: a row per arm, each with its process's peak RSS and its ratio to HF ``generate``
+    in its dtype (1.00 for HF itself), under a header naming the cap. Tiny sizes: the tool's paths, not its timings."""
     cmd = [sys.executable, "-m", "tools.bench.bench", "--engines", "vllm:float32", "hf:float32", "--isa", "avx2",
            "--steps", "2", "--prompts", "2", "--group", "2", "--max-new-tokens", "6"]
     result = subprocess.run(cmd, check=False, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
@@ -47,6 +47,7 @@ def test_the_engine_comparison_times_both_engines_on_avx2s_code_paths():
             re.finditer(r"^\| (vllm|hf) \| float32 \| ([^\n]+) \|$", result.stdout, re.MULTILINE)}
     assert set(rows) == {"vllm", "hf"}, result.stdout
     assert rows["hf"][-1] == "1.00" and float(rows["vllm"][0]) > 0 and float(rows["vllm"][-1]) > 0
+    assert all(len(cells) == 3 and float(cells[1]) > 0 for cells in rows.values())  # tokens/s, peak RSS GiB, ratio
 
 
 def test_an_engine_arm_written_wrong_fails_at_start_naming_the_choices():

@@ -146,8 +146,7 @@ def run_trl(a: argparse.Namespace) -> dict:
     from evolrl.models import load_policy, load_tokenizer
     from evolrl.types import Prompt, ResponseGroup, RolloutBatch
 
-    reward = shared_reward()
-    group = a.group
+    reward, group = shared_reward(), a.group
 
     def majority_vote(prompts, completions, **kwargs) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
@@ -253,11 +252,12 @@ def engine_arm(text: str) -> tuple[str, str]:
 
 
 def compare_engines(a: argparse.Namespace) -> None:
-    """``--engines``: each arm's median tokens/s (first call left out), and as a share of HF's in its dtype."""
-    rates = {arm: statistics.median(child(a, "sampling", GGUF, engine=arm[0],
-                                          precision=DTYPES[arm[1]])["rates"]["engine"][1:]) for arm in a.engines}
-    print("\n".join(table(["engine", "dtype", "generated tokens/s", "/ HF generate's"], [
-        [e, d, f"{r:.0f}", f"{r / rates[('hf', d)]:.2f}" if ("hf", d) in rates else "-"] for (e, d), r in rates.items()])))
+    """``--engines``: per arm, median tokens/s (first call left out), its share of HF's in its dtype, and peak RSS."""
+    runs = {arm: child(a, "sampling", GGUF, engine=arm[0], precision=DTYPES[arm[1]]) for arm in a.engines}
+    rates = {arm: statistics.median(run["rates"]["engine"][1:]) for arm, run in runs.items()}
+    print("\n".join(table(["engine", "dtype", "generated tokens/s", "peak RSS GiB", "/ HF generate's"], [
+        [e, d, f"{r:.0f}", f"{runs[e, d]['peak_rss_gib']:.2f}", f"{r / h:.2f}" if (h := rates.get(("hf", d))) else "-"]
+        for (e, d), r in rates.items()])))
 
 
 RUNNERS = {"evolrl": run_evolrl, "evolrl-hf": run_evolrl, "trl": run_trl, "sampling": run_sampling}
