@@ -63,6 +63,18 @@ def test_a_gate_closes_the_groups_without_a_majority_share_or_margin():
     assert ConsensusGate(min_share=0.5, min_margin=0.3).closed(classes).tolist() == [False, True, True, False, True]
 
 
+def test_scrl_s_margin_is_strict_so_a_lead_equal_to_it_is_no_label():
+    """SCRL's positive label needs ``margin > tau_marg`` (its ``scrl_utils.py``; docs/method.md 4.4): 4 votes
+    against 3 of V = 8 lead by exactly 0.125, so at 0.125 the group is gated; its share 0.5 meets ``min_share``."""
+    classes = MajorityVoteReward().read(batch(["3", "3", "3", "3", "5", "5", "5", None])).answer_class
+    assert ConsensusGate(min_share=0.5, min_margin=0.125).closed(classes).tolist() == [True]
+    assert ConsensusGate(min_share=0.5, min_margin=0.12).closed(classes).tolist() == [False]
+    assert ConsensusGate(min_share=0.5).closed(classes).tolist() == [False]  # margin 0: no margin
+    # 4 against 3 of 10 lead by 0.1 exactly, though 0.4 - 0.3 is 0.10000000000000003 in doubles
+    ten = MajorityVoteReward().read(batch(["3"] * 4 + ["5"] * 3 + ["6"] * 3)).answer_class
+    assert ConsensusGate(min_share=0.4, min_margin=0.1).closed(ten).tolist() == [True]
+
+
 def test_masked_groups_keep_their_rewards_but_leave_the_loss():
     out = MajorityVoteReward(gate=ConsensusGate(min_share=0.6))(batch(UNANIMOUS, SPLIT))
     assert out.rewards.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]

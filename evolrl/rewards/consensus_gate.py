@@ -5,7 +5,9 @@ A group whose majority answer holds too small a share of its V responses (or lea
 loss, so neither the surrogate, the entropy bonus nor the KL term sees them) or on SCRL's negative-only signal
 (``negative``): -1 for a rare answer the policy was unsure of, -1 for no answer, 0 otherwise. Groups that pass keep
 the reward's own scores. Shares count every one of the V responses, those without an answer too (SCRL's
-denominator), so a group of mostly unreadable responses has no consensus.
+denominator), so a group of mostly unreadable responses has no consensus. A share equal to ``min_share`` passes; a
+lead equal to ``min_margin`` does not, as SCRL's positive label needs ``margin > tau_marg`` (its ``scrl_utils.py``):
+[3,3,3,3,5,5,5,none] leads by 0.125 and has no label at a margin of 0.125.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class ConsensusGate:
     min_share: float = 0.5
     """A group is gated when its majority answer holds less than this share of its V responses; in (0, 1]."""
     min_margin: float = 0.0
-    """... or leads the second answer by less than this share (SCRL's margin; 0: no margin); in [0, 1]."""
+    """... or leads the second answer by at most this share (SCRL's tau_marg, strict; 0: no margin); in [0, 1]."""
     gated: str = "mask"
     """What a gated group trains on: ``mask``, nothing (CuMa); ``negative``, SCRL's negative-only rewards."""
     negative_share: float = 0.25
@@ -58,8 +60,11 @@ class ConsensusGate:
 
     def closed(self, answer_class: Tensor) -> Tensor:
         """``[P]`` bool: the groups without consensus, from ``[P, V]`` answer classes (-1: no answer)."""
-        top, second = _top_two_shares(answer_class)
-        return (top < self.min_share) | (top - second < self.min_margin)
+        top, lead = _top_share_and_lead(answer_class)
+        closed = top < self.min_share
+        if self.min_margin > 0:  # 0 is no margin: a tie is not gated by it
+            closed |= lead <= self.min_margin
+        return closed
 
     def __call__(self, rewards: Tensor, answer_class: Tensor, entropy: Tensor | None = None
                  ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -90,14 +95,16 @@ class ConsensusGate:
         return out
 
 
-def _top_two_shares(answer_class: Tensor) -> tuple[Tensor, Tensor]:
-    """``[P]`` shares of the largest and second-largest answer class in each group, over all V responses."""
-    tops, seconds = [], []
+def _top_share_and_lead(answer_class: Tensor) -> tuple[Tensor, Tensor]:
+    """``[P]`` float64: the largest answer class's share of all V responses, and its lead over the second largest.
+    Each is one division of counts, the nearest double to the exact ratio, so a lead equal to a margin written as
+    a decimal (4 - 3 votes of 10 against 0.1) compares equal, not a rounding above or below it."""
+    tops, leads = [], []
     for row in answer_class.tolist():
         counts = sorted(class_counts(row).values(), reverse=True) + [0, 0]
         tops.append(counts[0] / len(row))
-        seconds.append(counts[1] / len(row))
-    return torch.tensor(tops), torch.tensor(seconds)
+        leads.append((counts[0] - counts[1]) / len(row))
+    return torch.tensor(tops, dtype=torch.float64), torch.tensor(leads, dtype=torch.float64)
 
 
 def _nanmean(values: Tensor) -> float:
