@@ -25,7 +25,8 @@ class CoRewardingReward(AnswerReward):
     Args:
         answers: How answers are read, the teacher's and the policy's alike.
         decay: The teacher's decay at the first step (``teacher <- decay * teacher + (1 - decay) * policy``), in (0, 1).
-        final_decay: The decay at the last step, reached by a cosine; ``null``: ``decay`` throughout.
+        final_decay: The decay at the last step, reached by a cosine; ``null``: ``decay`` throughout. 0.99999, as the
+            authors' released script anneals the EMA's alpha from 0.01 to 1e-5.
         teacher_samples: Teacher responses per prompt for its vote; ``null``: as many as the policy's (V).
     """
 
@@ -37,7 +38,7 @@ class CoRewardingReward(AnswerReward):
         "teacher_share": "float: the share of the teacher's responses on its prompt that hold the teacher's label",
     })
 
-    def __init__(self, answers: AnswerRules = EVERY_ANSWER, decay: float = 0.99, final_decay: float | None = 0.9999,
+    def __init__(self, answers: AnswerRules = EVERY_ANSWER, decay: float = 0.99, final_decay: float | None = 0.99999,
                  teacher_samples: int | None = None) -> None:
         super().__init__(answers)
         check_float("CoRewardingReward.decay", decay, 0.0, 1.0, low_open=True, high_open=True)
