@@ -492,6 +492,8 @@ CALLBACK_SETTINGS = [
     (lambda: _callbacks().LabelFreeDiagnostics(prefix=""), "LabelFreeDiagnostics.prefix", "''", "a non-empty string"),
     (lambda: _callbacks().PolicyStats(prefix=""), "PolicyStats.prefix", "''", "a non-empty string"),
     (lambda: _callbacks().PolicyStats(extract=None), "PolicyStats.extract", "None", "a callable"),
+    (lambda: _callbacks().CollapseMonitor(model_collapse_window=0), "CollapseMonitor.model_collapse_window", "0",
+     "an integer >= 1"),
     (lambda: _metrics().PassAtKMetric(k=0), "PassAtKMetric.k", "0", "an integer >= 1"),
     (lambda: _metrics().MajAtKMetric(k=0), "MajAtKMetric.k", "0", "an integer >= 1"),
     (lambda: _metrics().EvalMetrics(pass_ks=[1, 0]), "EvalMetrics.pass_ks", "[1, 0]", "a list of integers >= 1"),
@@ -658,8 +660,11 @@ _CHOICE_EVAL_SET = {"class_path": "evolrl.data.EvalSet", "init_args": {
      "ChoiceGrader.choices='abcd' is not allowed: a non-empty string of distinct capital letters"),
     ({"trainer": {"callbacks": [{"class_path": "evolrl.callbacks.PassAtK", "init_args": {"pass_ks": [0, 8]}}]}},
      "PassAtK.pass_ks=[0, 8] is not allowed: a non-empty list of integers >= 1"),
+    ({"trainer": {"callbacks": [{"class_path": "evolrl.callbacks.CollapseMonitor",
+                                 "init_args": {"model_collapse_window": 0}}]}},
+     "CollapseMonitor.model_collapse_window=0 is not allowed: an integer >= 1"),
 ], ids=["NoveltyBands.alpha", "SentenceTransformerEmbedder.batch_size", "AdditionPrompts.count",
-        "ChoiceGrader.choices", "PassAtK.pass_ks"])
+        "ChoiceGrader.choices", "PassAtK.pass_ks", "CollapseMonitor.model_collapse_window"])
 def test_an_out_of_range_reward_or_source_setting_stops_the_cli(tmp_path, monkeypatch, capsys, overrides, message):
     monkeypatch.setattr("sys.argv", ["evolrl"])
     path = tmp_path / "override.yaml"

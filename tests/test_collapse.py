@@ -3,6 +3,10 @@ plugs into a Lightning module that is not evolrl's, logs the step to TensorBoard
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import replace
+from types import SimpleNamespace
+
 import lightning as L
 import pytest
 import torch
@@ -11,7 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from evolrl.callbacks import CollapseMonitor, TrainView
 from evolrl.settings import SettingError
-from evolrl.types import RewardOutput
+from evolrl.types import Prompt, ResponseGroup, RewardOutput, RolloutBatch
 
 COLLAPSE_FROM = 12
 """From this step on the synthetic run's groups agree on one answer and its entropy is 0.1 (1.0 before)."""
@@ -121,3 +125,44 @@ def test_through_the_cli_on_evolrls_own_view(tmp_path, tiny_model, monkeypatch):
     with pytest.warns(UserWarning, match="collapse at training step 1"):
         main(["fit", "--config", str(path)])
     assert scalars(tmp_path)["collapse/step"] == [1.0]
+
+
+def test_the_windowed_model_collapse_step_needs_a_window_of_low_accuracy_where_urlvr_s_needs_one_step():
+    """docs/method.md 4.4: URLVR's Model Collapse Step is the first step with reward accuracy < 0.01; the windowed
+    one the first step at which the mean of the last ``model_collapse_window`` known accuracies is < 0.01."""
+    accuracies = [0.9, 0.0, 0.8, None, 0.02, 0.005, 0.0, 0.0]  # step 3's is unknown (no answers): not counted
+    # windows of 3 known accuracies end at steps 2, 4, 5, 6: means 0.567, 0.273, 0.275, 0.00833 (< 0.01 at step 6)
+    monitor = CollapseMonitor(model_collapse_window=3)
+    for step, accuracy in enumerate(accuracies[:5]):
+        monitor.watch_model_collapse(step, accuracy)
+    resumed = CollapseMonitor(model_collapse_window=3)
+    resumed.load_state_dict(monitor.state_dict())  # mid-window: the recent accuracies travel in checkpoints
+    for step, accuracy in enumerate(accuracies[5:], start=5):
+        resumed.watch_model_collapse(step, accuracy)
+    assert (resumed.model_collapse_step, resumed.windowed_collapse_step, resumed.accuracy_steps) == (1, 6, 7)
+    assert resumed.summary()[1:] == [
+        "Model collapse step (URLVR, the first step with reward accuracy < 0.01): 1",
+        "Model collapse step (windowed, the first step whose mean reward accuracy over the last 3 steps is < 0.01): 6"]
+    assert CollapseMonitor().summary()[2].endswith("not measured (the training prompts carry no answers)")
+    with pytest.raises(SettingError, match="CollapseMonitor.model_collapse_window=0 is not allowed"):
+        CollapseMonitor(model_collapse_window=0)
+
+
+def test_both_model_collapse_steps_reach_the_loggers_once():
+    """The synthetic run with answers: from COLLAPSE_FROM every group agrees on a wrong 7 (reward accuracy 0, before
+    it 1), so URLVR's step is COLLAPSE_FROM and the windowed one, over 5 steps, COLLAPSE_FROM + 4."""
+    logged = []
+    trainer = SimpleNamespace(loggers=[SimpleNamespace(log_metrics=lambda m, step: logged.append((step, m)))],
+                              global_step=0, should_stop=False)
+    module = SimpleNamespace(log=lambda *args, **kwargs: None)
+    monitor = CollapseMonitor()
+    for t in range(COLLAPSE_FROM + 8):
+        v = view(t, t >= COLLAPSE_FROM)
+        prompts = tuple(ResponseGroup(Prompt(f"p{i}", "q", "1"), ("x",) * 8) for i in range(4))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the label-free collapse's own warning
+            monitor.on_view(trainer, module, replace(v, rollouts=RolloutBatch(prompts)))
+    steps = {name: step for step, metrics in logged for name in metrics}
+    assert steps == {"collapse/model_collapse_step": COLLAPSE_FROM,
+                     "collapse/model_collapse_window_step": COLLAPSE_FROM + 4, "collapse/step": COLLAPSE_FROM + 4}
+    assert len(logged) == 3

@@ -26,8 +26,12 @@ class CollapseMonitor(TrainViewCallback):
     ratio near 1) while the policy's entropy has fallen far below where the run started, so sampling no longer
     explores and pass@k falls to pass@1 (the paper's "entropy collapse"). Agreement alone is not collapse (a problem
     the model has learned is answered the same way every time), hence both. URLVR's own measure is available as
-    ``reward_accuracy`` when the prompts carry answers, and the Model Collapse Step itself, as URLVR defines it, is
-    tracked beside the criteria whenever they do (``model_collapse_accuracy``; the run summary prints both steps).
+    ``reward_accuracy`` when the prompts carry answers, and the Model Collapse Step itself is tracked beside the
+    criteria whenever they do (``model_collapse_accuracy``), twice: as URLVR defines it, the first step whose own
+    reward accuracy is below the threshold, and over a window, the first step at which the mean of the last
+    ``model_collapse_window`` steps' is. At a few prompts a step one step whose majorities are all wrong meets
+    URLVR's (three of Study IV's six runs of 4 prompts a step, each back above 0.2 the next step), so the windowed
+    one is the step to read there; the run summary prints all three steps, each named.
     Signals are window means of the per-step numbers the other callbacks log (``evolrl.metrics.diagnostics``, the
     view's entropy and response lengths); "fractions" compare to the mean of the run's first ``window`` steps (so a
     relative criterion can hold from step ``2 * window - 1`` on).
@@ -46,6 +50,9 @@ class CollapseMonitor(TrainViewCallback):
         reward_accuracy: ... and reward accuracy (needs ground truth) is at most this (URLVR's measure).
         model_collapse_accuracy: URLVR's Model Collapse Step: the first step whose reward accuracy (the step's, no
             window) is below this; needs ground truth, else not measured; ``null``: off.
+        model_collapse_window: The windowed Model Collapse Step: the first step at which the mean reward accuracy of
+            the last this many steps (those with a known one) is below ``model_collapse_accuracy``; 5 steps of 4
+            prompts pool 20 majorities where URLVR's step reads 4.
         window: Steps averaged, and steps that set the starting level.
         stop: Stop training at the collapse step.
         extract: ``(outputs, batch) -> TrainView``; reads evolrl's step output by default.
@@ -61,6 +68,7 @@ class CollapseMonitor(TrainViewCallback):
         length_fraction: float | None = None,
         reward_accuracy: float | None = None,
         model_collapse_accuracy: float | None = 0.01,
+        model_collapse_window: int = 5,
         window: int = 5,
         stop: bool = False,
         extract: Callable[[Any, Any], TrainView | None] = evolrl_train_view,
@@ -83,11 +91,16 @@ class CollapseMonitor(TrainViewCallback):
                 allowed="at least one criterion that is not null")
         if model_collapse_accuracy is not None:
             check_float("CollapseMonitor.model_collapse_accuracy", model_collapse_accuracy, 0.0, 1.0)
-        self.model_collapse_accuracy = model_collapse_accuracy
+        check_int("CollapseMonitor.model_collapse_window", model_collapse_window, 1)
+        self.model_collapse_accuracy, self.model_collapse_window = model_collapse_accuracy, model_collapse_window
         self.model_collapse_step: int | None = None
         """URLVR's Model Collapse Step, once reached."""
+        self.windowed_collapse_step: int | None = None
+        """The windowed Model Collapse Step, once reached."""
         self.accuracy_steps = 0
         """Steps whose reward accuracy was known (0: the prompts carry no answers, so no Model Collapse Step)."""
+        self.recent_accuracies: list[float] = []
+        """The last ``model_collapse_window`` known reward accuracies."""
 
         check_int("CollapseMonitor.window", window, 1)
         require(isinstance(stop, bool), "CollapseMonitor.stop", stop, allowed="true or false")
@@ -135,38 +148,51 @@ class CollapseMonitor(TrainViewCallback):
         return True
 
     def watch_model_collapse(self, step: int | None, accuracy: float | None) -> bool:
-        """Count ``step``'s reward accuracy (``None``: unknown) towards URLVR's Model Collapse Step; whether this is
-        that step."""
-        if self.model_collapse_accuracy is None or accuracy is None or not math.isfinite(accuracy):
+        """Count ``step``'s reward accuracy (``None``: unknown) towards both Model Collapse Steps; whether this is
+        URLVR's."""
+        threshold = self.model_collapse_accuracy
+        if threshold is None or accuracy is None or not math.isfinite(accuracy):
             return False
         self.accuracy_steps += 1
-        if self.model_collapse_step is None and accuracy < self.model_collapse_accuracy:
-            self.model_collapse_step = step if step is not None else self.accuracy_steps - 1
+        at = step if step is not None else self.accuracy_steps - 1
+        self.recent_accuracies = [*self.recent_accuracies, accuracy][-self.model_collapse_window :]
+        recent, window = self.recent_accuracies, self.model_collapse_window
+        if self.windowed_collapse_step is None and len(recent) == window and sum(recent) / window < threshold:
+            self.windowed_collapse_step = at
+        if self.model_collapse_step is None and accuracy < threshold:
+            self.model_collapse_step = at
             return True
         return False
 
     def summary(self) -> list[str]:
-        """The run summary's lines: the collapse step and URLVR's Model Collapse Step, or why there is none."""
+        """The run summary's lines: the collapse step and both Model Collapse Steps (URLVR's per step, then the
+        windowed one), or why there is none."""
         seen = f"none in {len(self.history)} steps" if self.history else "no training step seen"
         lines = [f"Collapse step (CollapseMonitor): {self.collapse_step if self.collapse_step is not None else seen}"]
         if self.model_collapse_accuracy is not None:
-            rule = f"the first step with reward accuracy < {self.model_collapse_accuracy:g}"
-            if self.model_collapse_step is not None:
-                found = f"{self.model_collapse_step}"
-            elif self.accuracy_steps:
-                found = f"none in {self.accuracy_steps} steps"
-            else:
-                found = "not measured (the training prompts carry no answers)"
-            lines.append(f"Model collapse step (URLVR, {rule}): {found}")
+            below, steps = f"< {self.model_collapse_accuracy:g}", self.model_collapse_window
+            for name, rule, step in (
+                ("URLVR", f"the first step with reward accuracy {below}", self.model_collapse_step),
+                ("windowed", f"the first step whose mean reward accuracy over the last {steps} steps is {below}",
+                 self.windowed_collapse_step)):
+                if step is not None:
+                    found = f"{step}"
+                elif self.accuracy_steps:
+                    found = f"none in {self.accuracy_steps} steps"
+                else:
+                    found = "not measured (the training prompts carry no answers)"
+                lines.append(f"Model collapse step ({name}, {rule}): {found}")
         return lines
 
     def on_view(self, trainer, pl_module, view: TrainView) -> None:
         step = view.step if view.step is not None else trainer.global_step
-        before = self.model_collapse_step
+        before = self.model_collapse_step, self.windowed_collapse_step
         collapsed = self.observe(self.measures(view, step))
-        if before is None and self.model_collapse_step is not None:
-            for logger in trainer.loggers:
-                logger.log_metrics({f"{self.prefix}model_collapse_step": float(step)}, step=step)
+        for name, old, new in zip(("model_collapse_step", "model_collapse_window_step"), before,
+                                  (self.model_collapse_step, self.windowed_collapse_step)):
+            if old is None and new is not None:
+                for logger in trainer.loggers:
+                    logger.log_metrics({f"{self.prefix}{name}": float(step)}, step=step)
         if self.collapse_step is None and collapsed:
             self.collapse_step = view.step if view.step is not None else trainer.global_step
             for logger in trainer.loggers:
@@ -183,10 +209,13 @@ class CollapseMonitor(TrainViewCallback):
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": self.history, "collapse_step": self.collapse_step,
-                "model_collapse_step": self.model_collapse_step, "accuracy_steps": self.accuracy_steps}
+                "model_collapse_step": self.model_collapse_step, "accuracy_steps": self.accuracy_steps,
+                "windowed_collapse_step": self.windowed_collapse_step, "recent_accuracies": self.recent_accuracies}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = list(state_dict["history"])
         self.collapse_step = state_dict["collapse_step"]
         self.model_collapse_step = state_dict.get("model_collapse_step")
         self.accuracy_steps = state_dict.get("accuracy_steps", 0)
+        self.windowed_collapse_step = state_dict.get("windowed_collapse_step")
+        self.recent_accuracies = list(state_dict.get("recent_accuracies", []))[-self.model_collapse_window :]
