@@ -48,6 +48,8 @@ class Preemption(L.Callback):
         self.received_at = 0.0
         self.launcher = None
         self.abandoned_evaluation = False
+        self.exit_code = 0
+        """Set once a step's checkpoint is saved on a signal: the exit code, raised after Lightning logs the step."""
 
     # ---- the signal: noted only ---------------------------------------------------------------
     def _note(self, signum: int, frame) -> None:
@@ -80,8 +82,16 @@ class Preemption(L.Callback):
     # ---- where a run can stop -----------------------------------------------------------------
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         signum = self._agreed(trainer)
-        if signum:
-            self._stop(trainer, signum, save=True)
+        if signum:  # saved at the step's end; the exit waits until Lightning has logged the step
+            self.exit_code = self._stop(trainer, signum, self._save(trainer))
+
+    def _exit_once_logged(self, trainer, *args, **kwargs) -> None:
+        if self.exit_code:
+            raise Preempted(self.exit_code)
+
+    # The hooks Lightning calls after it logs a training step: the next step's start, the evaluation after it, the
+    # epoch's end (the run's last step).
+    on_train_batch_start = on_validation_start = on_train_epoch_end = on_train_end = _exit_once_logged
 
     def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         if trainer.state.fn != TrainerFn.FITTING:
@@ -89,7 +99,15 @@ class Preemption(L.Callback):
         signum = self._agreed(trainer)
         if signum:
             self.abandoned_evaluation = not trainer.sanity_checking
-            self._stop(trainer, signum, save=not trainer.sanity_checking)
+            raise Preempted(self._stop(trainer, signum, self._save(trainer) if self.abandoned_evaluation else
+                                       "no training step since the start: nothing new to save"))
+
+    def stop_point(self, trainer, what: str) -> None:
+        """Where the run's progress is already on disk, outside a step (a pass before the first step keeps its own
+        file): on a signal, one line naming ``what`` was under way, and exit ``128 + signal`` without a save."""
+        signum = self._agreed(trainer)
+        if signum:
+            raise Preempted(self._stop(trainer, signum, f"stopped during {what}"))
 
     def on_save_checkpoint(self, trainer, module, checkpoint: dict) -> None:
         if self.abandoned_evaluation:  # resume as after a finished evaluation, not in the middle of this one
@@ -97,19 +115,27 @@ class Preemption(L.Callback):
             for counts in (progress["total"], progress["current"]):
                 counts["ready"] = counts["started"] = counts["processed"] = counts["completed"]
 
-    def _stop(self, trainer, signum: int, save: bool) -> None:
+    def _save(self, trainer) -> str:
+        path = checkpoint_dir(trainer) / "last.ckpt"
+        start = time.monotonic()
+        trainer.save_checkpoint(path, weights_only=False)
+        return f"saved {path} (step {trainer.global_step}) in {time.monotonic() - start:.1f} s"
+
+    def _stop(self, trainer, signum: int, what: str) -> int:
+        """Prints the line (rank 0) and gives the exit code."""
         name, code, step = signal.Signals(signum).name, 128 + signum, trainer.global_step
-        if save:
-            path = checkpoint_dir(trainer) / "last.ckpt"
-            start = time.monotonic()
-            trainer.save_checkpoint(path, weights_only=False)
-            what = f"saved {path} (step {step}) in {time.monotonic() - start:.1f} s"
-        else:
-            what = "no training step since the start: nothing new to save"
         waited = (f"{time.monotonic() - self.received_at:.1f} s after it" if self.received
                   else "signalled on another rank")
         if trainer.is_global_zero:
             resume = f"; resume with: {self.resume_command}" if self.resume_command else ""
             print(f"evolrl: {name} received, stopping at step {step}, {waited}: {what}{resume}; exit code {code}",
                   file=sys.stdout, flush=True)
-        raise Preempted(code)
+        return code
+
+
+def stop_point(trainer, what: str) -> None:
+    """:meth:`Preemption.stop_point` of ``trainer``'s preemption handler, where it has one (``python -m evolrl fit``);
+    nothing otherwise."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, Preemption):
+            callback.stop_point(trainer, what)
