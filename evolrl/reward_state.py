@@ -10,8 +10,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
+from evolrl.checkpoints.job import say
+from evolrl.checkpoints.preemption import stop_point
 from evolrl.data.consistency import measure_shares
 from evolrl.rewards.base import Reward
 from evolrl.settings import require
@@ -30,10 +33,10 @@ class RewardState:
         self.weighs = getattr(reward, "prompt_weights", None) is not None
         self.seconds = 0.0
 
-    def check(self, data: Any, trainer: Any) -> None:
+    def check(self, module: Any, data: Any, trainer: Any) -> None:
         """SettingError for what the teacher or the prompt weights' pass cannot run with."""
         name = type(self.reward).__name__
-        overlong = getattr(trainer.lightning_module, "overlong", None)
+        overlong = getattr(module, "overlong", None)
         if overlong is not None and not overlong.masks():
             require(type(self.reward).advantages is Reward.advantages, "model.overlong", type(overlong).__name__,
                     allowed=f"null or evolrl.algorithms.OverlongMask with {name}, whose advantages are not its "
@@ -68,7 +71,8 @@ class RewardState:
                         allowed="a checkpoint that holds RESTRAIN's prompt weights (its base-model pass needs the "
                         "base model's weights, which a resumed policy no longer has)")
                 shares = measure_shares(data, self.reward.prompt_weights.samples, self.reward.answers,
-                                        trainer.default_root_dir, trainer.global_rank, trainer.world_size)
+                                        trainer.default_root_dir, trainer.global_rank, trainer.world_size,
+                                        stop_point=partial(stop_point, trainer), say=say)
             self.reward.set_prompt_weights(shares)
 
     def before_step(self, policy: Any, trainer: Any, step: int
