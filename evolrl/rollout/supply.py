@@ -29,7 +29,6 @@ from evolrl.rollout.ranks import fail_together, several_ranks
 from evolrl.rollout.remote.client import RemoteSampler
 from evolrl.rollout.rollouts import Rollouts
 from evolrl.rollout.vllm_weights import full_tensors
-from evolrl.settings import require
 from evolrl.types import RolloutBatch
 
 
@@ -115,16 +114,16 @@ class RolloutSupply:
                 "max_staleness": self.max_staleness, "queues": every_rank([batch_to_plain(b) for b in self.queue])}
 
     def load_state_dict(self, state: dict) -> None:
+        """The version and the line; a line saved with another ``max_staleness`` or number of ranks is dropped."""
         self.rollouts.load_state_dict({"version": state["version"]})
         self.queued, self.started = state.get("queued", 0), state.get("started", False)
         queues = state.get("queues", [[]])
-        if self.started and self.max_staleness:
-            ranks = len(every_rank(None))
-            require(len(queues) == ranks, "trainer.devices", ranks,
-                    allowed=f"{len(queues)} ranks in all, as the checkpoint's run (each rank's queued batches are "
-                    "its own prompts')")
-            require(len(queues[self.rollouts.rank]) == self.max_staleness, "data.max_staleness", self.max_staleness,
-                    allowed=f"{state.get('max_staleness')}, the checkpoint's: its line holds that many batches")
+        changed = restarted_line(state.get("max_staleness", self.max_staleness), self.max_staleness, len(queues),
+                                 len(every_rank(None)), sum(map(len, queues)))
+        if changed:
+            queues, self.started = [], False
+            if self.rollouts.rank == 0:
+                print(changed, flush=True)
         mine = queues[self.rollouts.rank] if self.rollouts.rank < len(queues) else []
         self.queue = deque(batch_from_plain(b) for b in mine)
 
@@ -133,6 +132,22 @@ class RolloutSupply:
             self.remote.stop()
             self.remote = None
             self.rollouts.loaded = False  # a later sampler process starts without weights
+
+
+def restarted_line(saved: int, now: int, saved_ranks: int, ranks: int, queued: int) -> str | None:
+    """Why a checkpoint's line of ``queued`` batches cannot go on (saved with ``saved`` steps of lag and
+    ``saved_ranks`` ranks, resumed with ``now`` and ``ranks``), as the line said at start; ``None``: it goes on.
+
+    Its batches were sampled k steps ahead for k = ``saved``: under another k they would train staler or fresher
+    than asked, and under other ranks on another rank's prompts. So they are dropped, never trained (their prompts
+    come again next epoch), and the line starts again at the next step as at a run's first: the checkpoint stays
+    usable with any lag, and the same lag resumes exactly."""
+    if not queued or (saved == now and saved_ranks == ranks and now > 0):
+        return None
+    was = f"data.max_staleness={saved}" if saved != now or not now else f"{saved_ranks} ranks"
+    return (f"evolrl: the checkpoint's {queued} queued rollout batch(es), sampled ahead for {was}, are dropped and "
+            f"never trained (now data.max_staleness={now}, {ranks} rank(s)); the off-policy line starts again at the "
+            "next step")
 
 
 def every_rank(value) -> list:
