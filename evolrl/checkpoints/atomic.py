@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -54,11 +55,22 @@ def read_checkpoint(path: Path, **load_kwargs: Any) -> dict[str, Any]:
         return torch.load(path, **load_kwargs)
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path} does not exist") from None
-    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:  # a cut zip: RuntimeError
-        first = str(err).splitlines()[0].split(". ")[0] if str(err) else ""
-        raise CheckpointError(f"checkpoint {path} cannot be read ({type(err).__name__}: {first}): "
-                              "it is truncated or not a checkpoint; resume from another one in "
-                              f"{path.parent}") from None
+    except pickle.UnpicklingError as err:
+        if not str(err).startswith("Weights only load failed"):
+            raise _unreadable(path, err) from None
+        held = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(err))
+        raise CheckpointError(f"checkpoint {path} is whole but not loadable with weights_only=True: it holds "
+                              f"{held.group(1) if held else 'an object'} (e.g. from a callback's state), which "
+                              "torch.load loads only with weights_only=False; if you trust the file, resume with "
+                              "--weights_only false") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as err:  # a cut zip: RuntimeError
+        raise _unreadable(path, err) from None
+
+
+def _unreadable(path: Path, err: BaseException) -> CheckpointError:
+    first = str(err).splitlines()[0].split(". ")[0] if str(err) else ""
+    return CheckpointError(f"checkpoint {path} cannot be read ({type(err).__name__}: {first}): it is truncated or "
+                           f"not a checkpoint; resume from another one in {path.parent}")
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -61,18 +61,18 @@ def say(text: str) -> None:
         print(text, flush=True)
 
 
-def resume_point(given: str | None, directory: Path, settings: dict[str, Any], hparams: dict[str, Any]
-                 ) -> tuple[Path | None, list[tuple[str, Any, Any]]]:
+def resume_point(given: str | None, directory: Path, settings: dict[str, Any], hparams: dict[str, Any],
+                 weights_only: bool | None = None) -> tuple[Path | None, list[tuple[str, Any, Any]]]:
     """``--ckpt_path`` resolved (``last``: the newest checkpoint in ``directory``; none: ``None``, said so) and the
     settings that differ from the checkpoint's, listed (``settings`` now; a checkpoint saved outside the CLI is
-    compared by the module's ``hparams``)."""
+    compared by the module's ``hparams``); read as ``fit`` reads it (``weights_only``: ``--weights_only``)."""
     if given is None:
         return None, []
     path = newest_checkpoint(directory) if given == "last" else Path(given)
     if path is None:
         say(f"evolrl: no checkpoint under {directory}: starting at step 0")
         return None, []
-    meta = checkpoint_meta(path)
+    meta = checkpoint_meta(path, weights_only)
     if meta.get("evolrl_config") is not None:
         changes = differences(meta["evolrl_config"], settings)
     else:

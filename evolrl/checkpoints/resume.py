@@ -24,11 +24,12 @@ IGNORED = ("ckpt_path", "config", "print_config")
 """Not settings of the run: where it resumes from, which files gave the settings."""
 
 
-def checkpoint_meta(path: Path) -> dict[str, Any]:
-    """A checkpoint's contents other than what FSDP2 shards (for a file: all of it, memory-mapped, not read)."""
+def checkpoint_meta(path: Path, weights_only: bool | None = None) -> dict[str, Any]:
+    """A checkpoint's contents other than what FSDP2 shards (for a file: all of it, memory-mapped, not read), loaded
+    as ``fit`` will load it (``weights_only``: ``--weights_only``; ``None``: torch's default, ``True``)."""
     if path.is_dir():  # FSDP2: the non-sharded state is in meta.pt
-        return read_checkpoint(path / "meta.pt", map_location="cpu", weights_only=True)
-    return read_checkpoint(path, map_location="cpu", weights_only=True, mmap=True)
+        return read_checkpoint(path / "meta.pt", map_location="cpu", weights_only=weights_only)
+    return read_checkpoint(path, map_location="cpu", weights_only=weights_only, mmap=True)
 
 
 def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
