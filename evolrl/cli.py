@@ -38,11 +38,10 @@ from evolrl.checkpoints import CheckpointError, RunLock, check_writable, checkpo
 from evolrl.checkpoints.job import job_parts, own_checkpoint_dir, resume_point
 from evolrl.data.datamodule import RolloutDataModule
 from evolrl.rollout.ranks import RankFailed
-from evolrl.rollout.remote import SamplerFailed, check_placement, trainer_gpus
-from evolrl.rollout.sampler import check_engine
+from evolrl.rollout.remote import SamplerFailed
 from evolrl.settings import SettingError
 from evolrl.training.module import EvolRLModule
-from evolrl.training.run_checks import TrainingStopped
+from evolrl.training.run_checks import TrainingStopped, check_run
 from evolrl.upgrade import moved_keys
 
 
@@ -82,13 +81,8 @@ class EvolRLCLI(LightningCLI):
         # evaluation set, a grader) in its own ValueError: the SettingError is then in the cause chain.
         try:
             super().instantiate_classes()
-            if self.subcommand == "fit":  # what the module needs of the data module's engine, checked before loading
-                check_engine(self.model.mismatch_correction, self.datamodule.rollouts.engine,
-                             self.datamodule.max_staleness)
-                if (placement := self.datamodule.sampler_process) is not None:  # against the trainer's devices
-                    check_placement(placement, self.trainer.world_size, trainer_gpus(self.trainer))
-                if self.model.overlong is not None:  # its buffer against the sampling budget
-                    self.model.overlong.check(self.datamodule.rollouts.sampling.max_new_tokens)
+            if self.subcommand == "fit":  # the settings against each other, before anything loads
+                check_run(self.model, self.datamodule, self.trainer)
         except (SettingError, ValueError) as err:
             setting = _setting_error(err)
             if setting is None:
@@ -119,7 +113,7 @@ class EvolRLCLI(LightningCLI):
             lock.acquire()
         try:
             path, changes = resume_point(self.config_init["fit"].get("ckpt_path"), directory, self.settings,
-                                         dict(self.model.hparams))
+                                         dict(self.model.hparams), self.config_init["fit"].get("weights_only"))
             bad = refused(changes)
             if bad:
                 self.parser.error("; ".join(f"{key}={new!r} cannot resume {path}, saved with {key}={old!r}"

@@ -35,7 +35,7 @@ from evolrl.training.build import DTYPES, Dtypes, Frozen, build_models
 from evolrl.training.evaluation import grade_request
 from evolrl.training.loss import GRPOLoss, plain
 from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, start_schedule_once
-from evolrl.training.run_checks import FlatRewardCheck
+from evolrl.training.run_checks import FlatRewardCheck, check_run
 from evolrl.training.scoring import Scoring, fewest, fresh, lag, score_rounds
 from evolrl.training.update import GRPOUpdate
 from evolrl.types import EvalOutput, RolloutBatch, RolloutSource, StepOutput
@@ -136,7 +136,7 @@ class EvolRLModule(L.LightningModule):
                 allowed="bf16-mixed, bf16-true or 32 (float16 would need loss scaling, which the manual update "
                 "does not do)")
         if stage == "fit":
-            self.reward_state.check(self.trainer.datamodule, self.trainer)
+            check_run(self, self.trainer.datamodule, self.trainer)  # without the CLI, which checked before loading
             if self.cpu_keep_freed_memory and self.trainer.strategy.root_device.type == "cpu":
                 keep_freed_memory()
 
