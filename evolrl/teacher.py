@@ -73,11 +73,11 @@ class EMATeacher:
 
 
 def decay_at(step: int, total: int, decay: float, final_decay: float | None) -> float:
-    """The decay at training ``step`` of ``total``: cosine from ``decay`` to ``final_decay`` (Co-rewarding's Eq. 11
-    schedule), constant without a final one."""
+    """The decay at training ``step`` (0-based) of ``total``: cosine from ``decay`` at the first step to
+    ``final_decay`` at the last (Co-rewarding's Eq. 11 schedule), constant without a final one."""
     if final_decay is None or total <= 1:
         return decay
-    t = min(max(step, 0), total) / total
+    t = min(max(step, 0), total - 1) / (total - 1)
     return final_decay + 0.5 * (decay - final_decay) * (1 + math.cos(math.pi * t))
 
 
