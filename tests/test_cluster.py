@@ -250,3 +250,4 @@ def test_without_a_terminal_progress_comes_as_lines(tmp_path, tiny_model):
         assert f"] step {step}/3  " in log and f"] step {step}/3  evaluation  addition pass@1 " in log, log
     assert "] before training:  addition pass@1 " in log
     assert "reward " in log and "entropy " in log and "s/step" in log
+    assert "Loading weights" not in log and "it/s]" not in log  # no library's progress-bar frames in a log file

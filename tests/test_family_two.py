@@ -11,6 +11,7 @@ Runs go through ``python -m evolrl fit`` on the tiny model with the Hugging Face
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -25,7 +26,7 @@ from helpers import scalars, tiny_config
 from evolrl.algorithms import GroupAdvantages
 from evolrl.callbacks import CollapseMonitor
 from evolrl.cli import main
-from evolrl.data.consistency import FILE, majority_share, read_shares
+from evolrl.data.consistency import NAME, majority_share, read_shares
 from evolrl.rewards import ConsensusGate, CoRewardingReward, MajorityVoteReward, PromptWeights, RestrainReward
 from evolrl.settings import SettingError
 from evolrl.teacher import EMATeacher, decay_at
@@ -162,12 +163,16 @@ def test_restrain_prompt_weights_scale_each_prompt_and_average_one():
 
 def test_the_base_model_s_majority_share_and_a_weights_file_cut_by_a_kill(tmp_path):
     assert majority_share(["\\boxed{3}", "3", "\\boxed{4}", "none"], MajorityVoteReward().answers) == 0.5
-    path = tmp_path / FILE
-    path.write_text('{"id": "a", "share": 0.5, "samples": 8}\n{"id": "b", "sha')
-    assert read_shares(path, 8) == {"a": 0.5}  # the cut last line is measured again
-    path.write_text('{"id": "a", "share": Infinity, "samples": 8}\n')
-    with pytest.raises(ValueError, match=f"{FILE}:1: share inf is not a number in"):
-        read_shares(path, 8)
+    key = {"model": "m", "samples": 8}
+    path = tmp_path / f"{NAME}-x.jsonl"
+    header = json.dumps({"measured_with": key}) + "\n"
+    path.write_text(header + '{"id": "a", "share": 0.5}\n{"id": "b", "sha')
+    assert read_shares(path, key) == {"a": 0.5}  # the cut last line is measured again
+    path.write_text(header + '{"id": "a", "share": Infinity}\n')
+    with pytest.raises(ValueError, match=f"{path.name}:2: share inf is not a number in"):
+        read_shares(path, key)
+    with pytest.raises(ValueError, match=f"{path.name}: measured with another model, samples than this run's"):
+        read_shares(path, {"model": "other", "samples": 4})
 
 
 # ---- Co-rewarding II -------------------------------------------------------------------------------------------------
@@ -198,8 +203,10 @@ def test_the_ema_teacher_follows_eq_11_and_swaps_in_without_a_copy():
     with teacher.swapped_into(policy):
         assert policy.weight.tolist() == [[1.5, 1.5]] and policy.weight.data_ptr() == teacher.tensors["weight"].data_ptr()
     assert policy.weight.data_ptr() == own and policy.weight.tolist() == [[3.0, 3.0]]
-    assert decay_at(0, 10, 0.99, 0.9999) == 0.99 and decay_at(10, 10, 0.99, 0.9999) == pytest.approx(0.9999)
-    assert decay_at(5, 10, 0.99, 0.9999) == pytest.approx((0.99 + 0.9999) / 2) and decay_at(5, 10, 0.9, None) == 0.9
+    # steps 0..9 of 10: the first step has the initial decay and the last the final one (a run of 6 steps ends at 0.99)
+    assert decay_at(0, 10, 0.99, 0.9999) == 0.99 and decay_at(9, 10, 0.99, 0.9999) == pytest.approx(0.9999)
+    assert decay_at(5, 6, 0.9, 0.99) == pytest.approx(0.99) and decay_at(4, 9, 0.9, 0.99) == pytest.approx(0.945)
+    assert decay_at(5, 10, 0.9, None) == 0.9 and decay_at(0, 1, 0.9, 0.99) == 0.9
 
 
 # ---- URLVR's Model Collapse Step -------------------------------------------------------------------------------------
@@ -250,7 +257,8 @@ def test_a_two_step_cli_run_through_each_overlay(tmp_path, tiny_model, method, c
         assert logged["train/teacher_decay"][0] == pytest.approx(0.99) and len(logged["time/teacher"]) == 2
         assert 0 <= logged["train/teacher_share_mean"][0] <= 1
     if method == "restrain":
-        shares = read_shares(tmp_path / FILE, 8)
+        (path,) = tmp_path.glob(f"{NAME}-*.jsonl")
+        shares = read_shares(path, json.loads(path.read_text().splitlines()[0])["measured_with"])
         assert len(shares) == 8  # every training prompt of the tiny config
         assert {"train/penalized_groups", "train/prompt_weight_mean"} <= logged.keys()
 
@@ -285,11 +293,13 @@ def test_restrain_weights_that_are_not_finite_stop_fit_at_start(tmp_path, tiny_m
     assert f"RestrainReward.{key}=" in capsys.readouterr().err
 
 
-def test_a_teacher_with_an_off_policy_line_is_refused_at_start(tmp_path, tiny_model):
-    with pytest.raises(SettingError, match="data.max_staleness=1 is not allowed: 0 with CoRewardingReward"):
+def test_a_teacher_with_an_off_policy_line_is_refused_at_start(tmp_path, tiny_model, capsys):
+    with pytest.raises(SystemExit) as stopped:
         main([*overlay_run(tmp_path, tiny_model, "co_rewarding"), "--data.max_staleness", "1",
               "--data.engine.init_args.report_logprobs", "true",
               "--model.loss.mismatch_correction", "evolrl.algorithms.TokenTruncate"])
+    assert stopped.value.code == 2
+    assert "data.max_staleness=1 is not allowed: 0 with CoRewardingReward" in capsys.readouterr().err
 
 
 def run(command: list[str]) -> subprocess.CompletedProcess:
@@ -351,34 +361,37 @@ def test_under_lora_the_teacher_is_an_average_of_the_adapters_alone(tmp_path, ti
 
 
 def test_a_killed_prompt_weight_pass_continues_where_its_file_ends(tmp_path, tiny_model):
-    """The pass with the tiny model: a file with a line cut short keeps its whole lines, and only the prompts it
-    lacks are sampled again (in calls of their own, so their samples are not the uninterrupted pass's)."""
+    """The pass with the tiny model: a file with a line cut short keeps its whole lines, and only the call whose
+    prompts it lacks is sampled again, with that call's seed: the shares are the uninterrupted pass's (both passes in
+    this process, with the same seeded sampling, so they compare exactly)."""
     from evolrl.data import AdditionPrompts, RolloutDataModule
-    from evolrl.data.consistency import measure_shares
+    from evolrl.data.consistency import measure_shares, weights_path
     from evolrl.models import load_policy
     from evolrl.rollout import HFEngine, Sampling
 
-    data = RolloutDataModule(AdditionPrompts(count=4), model=tiny_model, engine=HFEngine(), prompts_per_step=4,
+    data = RolloutDataModule(AdditionPrompts(count=4), model=tiny_model, engine=HFEngine(), prompts_per_step=2,
                              vote_samples=2, trained_samples=2, sampling=Sampling(max_new_tokens=4))
     data.setup("fit")
     data.rollouts.push(load_policy(tiny_model))
     rules = MajorityVoteReward().answers
     whole = measure_shares(data, 3, rules, tmp_path / "whole")
     assert sorted(whole) == sorted(p.id for p, _ in data.train_items)
-    cut = tmp_path / "cut" / FILE
+    (written,) = (tmp_path / "whole").glob(f"{NAME}-*.jsonl")
+    lines = written.read_text().splitlines()  # the key, then a line per prompt
+    key = json.loads(lines[0])["measured_with"]
+    cut = weights_path(tmp_path / "cut", key)
     cut.parent.mkdir()
-    lines = (tmp_path / "whole" / FILE).read_text().splitlines()
-    cut.write_text(lines[0] + "\n" + lines[1][:9])
+    cut.write_text("\n".join(lines[:3]) + "\n" + lines[3][:9])
     calls = []
     generate = data.rollouts.engine.generate
     data.rollouts.engine.generate = lambda prompts, *a, **k: calls.append(len(prompts)) or generate(prompts, *a, **k)
     resumed = measure_shares(data, 3, rules, cut.parent)
-    assert calls == [3]  # the three prompts after the first whole line
-    assert len(cut.read_text().splitlines()) == 4 and read_shares(cut, 3).keys() == whole.keys()
-    assert set(resumed) == set(whole) and resumed[lines[0].split('"')[3]] == whole[lines[0].split('"')[3]]
+    assert calls == [2]  # the second call, of two prompts, whose first line was cut short
+    assert len(cut.read_text().splitlines()) == 5 and read_shares(cut, key) == whole == resumed
 
 
-def test_an_overlong_penalty_with_restrain_s_own_advantages_is_refused_at_start(tmp_path, tiny_model):
-    with pytest.raises(SettingError, match="model.overlong='OverlongPenalty' is not allowed: null or "
-                                          "evolrl.algorithms.OverlongMask with RestrainReward"):
+def test_an_overlong_penalty_with_restrain_s_own_advantages_is_refused_at_start(tmp_path, tiny_model, capsys):
+    with pytest.raises(SystemExit):
         main([*overlay_run(tmp_path, tiny_model, "restrain"), "--model.overlong", "evolrl.algorithms.OverlongPenalty"])
+    assert ("model.overlong='OverlongPenalty' is not allowed: null or evolrl.algorithms.OverlongMask with "
+            "RestrainReward" in capsys.readouterr().err)
