@@ -582,6 +582,7 @@ REWARD_AND_SOURCE_SETTINGS = [
     (lambda: NoveltyBands(novelty_text="answer"), "NoveltyBands.novelty_text", "'answer'",
      "one of 'response', 'reasoning'"),
     (lambda: NoveltyBands(embedder="minilm"), "NoveltyBands.embedder", "'minilm'", "an evolrl.rewards.Embedder"),
+    (lambda: NoveltyBands(min_spread=0.0), "NoveltyBands.min_spread", "0.0", "a number in (0.0, 1.0]"),
     (lambda: SentenceTransformerEmbedder(model=""), "SentenceTransformerEmbedder.model", "''",
      "a Hub name or a directory (a non-empty string), or null"),
     (lambda: SentenceTransformerEmbedder(device="gpu"), "SentenceTransformerEmbedder.device", "'gpu'",
@@ -663,8 +664,10 @@ _CHOICE_EVAL_SET = {"class_path": "evolrl.data.EvalSet", "init_args": {
     ({"trainer": {"callbacks": [{"class_path": "evolrl.callbacks.CollapseMonitor",
                                  "init_args": {"model_collapse_window": 0}}]}},
      "CollapseMonitor.model_collapse_window=0 is not allowed: an integer >= 1"),
+    ({"model": {"reward": {"init_args": {"novelty": {"min_spread": 1.5}}}}},
+     "NoveltyBands.min_spread=1.5 is not allowed: a number in (0.0, 1.0]"),
 ], ids=["NoveltyBands.alpha", "SentenceTransformerEmbedder.batch_size", "AdditionPrompts.count",
-        "ChoiceGrader.choices", "PassAtK.pass_ks", "CollapseMonitor.model_collapse_window"])
+        "ChoiceGrader.choices", "PassAtK.pass_ks", "CollapseMonitor.model_collapse_window", "NoveltyBands.min_spread"])
 def test_an_out_of_range_reward_or_source_setting_stops_the_cli(tmp_path, monkeypatch, capsys, overrides, message):
     monkeypatch.setattr("sys.argv", ["evolrl"])
     path = tmp_path / "override.yaml"

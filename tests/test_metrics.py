@@ -81,6 +81,7 @@ def test_label_free_diagnostics_by_hand():
             "majority": torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]]).bool(),
             "answer_class": torch.tensor([[0, 0, 1, -1], [0, 0, 0, 0]]),
             "novelty": torch.tensor([[0.2, 0.4, float("nan"), float("nan")], [0.0, 0.0, 0.0, 0.6]]),
+            "novelty_spread": torch.tensor([[0.2, 0.2, float("nan"), float("nan")], [0.6, 0.6, 0.6, 0.6]]),
         },
     )
     stats = label_free_diagnostics(out, truths=["8", None], truncated=torch.tensor([[0, 0, 0, 1], [0, 0, 0, 0]]))
@@ -91,6 +92,7 @@ def test_label_free_diagnostics_by_hand():
     assert stats["majority_ratio"] == 6 / 8
     assert stats["distinct_answers"] == 1.5
     assert stats["novelty_mean"] == pytest.approx(1.2 / 6)
+    assert stats["novelty_spread_mean"] == pytest.approx(2.8 / 6)  # per response, over those in a group of two or more
     assert stats["truncation_rate"] == 1 / 8
     assert stats["label_accuracy"] == 0.0  # prompt 0 voted 7, truth 8; prompt 1 has no truth
     # prompt 0: majority flags [1,1,0,0] vs correct [0,0,1,0] -> agree on the last one only

@@ -5,7 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evolrl.rewards import Embedder, NoveltyBands, band_rewards, novelty_values
+from evolrl.rewards import Embedder, NoveltyBands, band_rewards, novelty_spread, novelty_values
+from evolrl.settings import SettingError
 from evolrl.types import Prompt, ResponseGroup, RolloutBatch
 
 
@@ -205,9 +206,37 @@ def test_novelty_bands_embed_a_steps_valid_responses_in_one_call_and_match_the_t
     majority = torch.tensor([[True, True, False], [True, True, False]])
     embedder = CountingEmbedder()
     bands = NoveltyBands(embedder, alpha=0.25, novelty_text="reasoning")
-    rewards, novelty = bands(batch, majority, valid)
+    rewards, parts = bands(batch, majority, valid)
+    novelty = parts["novelty"]
     assert embedder.calls == [["a ", "bb ", "ccc ", "dddd ", "e "]]  # one call, valid only, box removed
     emb = torch.zeros(2, 3, 3)
     emb[valid] = embedder.embed(["a ", "bb ", "ccc ", "dddd ", "e "])
     torch.testing.assert_close(rewards, evol_rewards_batched(emb, majority, is_valid=valid, alpha=0.25))
     torch.testing.assert_close(novelty, novelty_values(emb, majority, is_valid=valid, alpha=0.25), equal_nan=True)
+    torch.testing.assert_close(parts["novelty_spread"], novelty_spread(novelty, majority, valid), equal_nan=True)
+
+
+def test_min_spread_keeps_a_small_spread_small_by_hand():
+    """docs/method.md section 2, step 5: below ``min_spread`` a group's ``z = 0.5 + (u - (min u + max u) / 2) /
+    min_spread``; at or above it, min-max ``z = (u - min u) / (max u - min u)``; bands ``0.5 + 0.5 z`` (majority),
+    ``-1 + 0.5 z`` (minority)."""
+    u = torch.tensor([[0.30, 0.31, 0.32, 0.10, 0.50, float("nan")]], dtype=torch.float64)
+    majority, valid = flags([1, 1, 1, 0, 0, 0])[None], flags([1, 1, 1, 1, 1, 0])[None]
+    # the majority's spread 0.02 is stretched over its band by min-max: z = 0, 0.5, 1
+    assert band_rewards(u, majority, valid)[0].tolist() == pytest.approx([0.5, 0.75, 1.0, -1.0, -0.5, -1.0])
+    # under a floor of 0.1 it keeps its size: z = 0.5 + (0.30 - 0.31) / 0.1 = 0.4, then 0.5, 0.6; the minority's
+    # spread 0.4 is above the floor, so min-max as before
+    floored = band_rewards(u, majority, valid, min_spread=0.1)[0]
+    assert floored.tolist() == pytest.approx([0.7, 0.75, 0.8, -1.0, -0.5, -1.0])
+    # at the floor (spread 0.1) the two agree: z = 0, 0.5, 1
+    wide = torch.tensor([[0.30, 0.35, 0.40]], dtype=torch.float64)
+    assert band_rewards(wide, flags([1, 1, 1])[None], flags([1, 1, 1])[None], min_spread=0.1)[0].tolist() == (
+        pytest.approx([0.5, 0.75, 1.0]))
+    spread = novelty_spread(u, majority, valid)[0].tolist()
+    assert spread[:5] == pytest.approx([0.02, 0.02, 0.02, 0.4, 0.4]) and spread[5] != spread[5]  # NaN: invalid
+    # a group of one keeps the top of its band and equal novelty the middle, floor or not
+    lone = band_rewards(torch.tensor([[0.2, 0.2, 0.7]]), flags([1, 1, 0])[None], flags([1, 1, 1])[None], 0.1)
+    assert lone[0].tolist() == pytest.approx([0.75, 0.75, -0.5])
+    for bad in (0.0, 1.5, float("nan")):
+        with pytest.raises(SettingError, match="NoveltyBands.min_spread"):
+            NoveltyBands(CountingEmbedder(), min_spread=bad)

@@ -51,6 +51,10 @@ def test_evol_reward(minilm):
     # prompt 2: duplicated texts are the least novel of their group (up to float noise in the embedder)
     assert r[1].tolist() == pytest.approx([0.5, 0.5, 1.0, -1.0, -1.0, -0.5], abs=1e-5)
     assert torch.isfinite(out.components["novelty"][out.components["valid"]]).all()
+    # each response's group's spread of novelty before scaling; NaN for the lone minority response and invalid ones
+    spread, novelty = out.components["novelty_spread"][0], out.components["novelty"][0]
+    assert spread[:3].tolist() == pytest.approx([(novelty[:3].max() - novelty[:3].min()).item()] * 3)
+    assert spread[3:].isnan().all()
 
 
 def test_evol_reward_number_fallback_makes_unboxed_answers_valid(minilm):
@@ -76,6 +80,7 @@ def test_majority_vote_reward_can_watch_novelty_without_rewarding_it(minilm):
     evol = EvolReward(NoveltyBands(minilm), rules)(batch())
     valid = evol.components["valid"]
     torch.testing.assert_close(watched.components["novelty"][valid], evol.components["novelty"][valid])
+    torch.testing.assert_close(watched.components["novelty_spread"], evol.components["novelty_spread"], equal_nan=True)
     assert "novelty" not in MajorityVoteReward()(batch()).components
 
 
@@ -166,8 +171,9 @@ def test_each_reward_and_the_grader_keep_their_own_answer_rules():
 def test_a_reward_output_knows_the_components_its_reward_declares():
     out = MajorityVoteReward()(batch())
     assert out.components.names == tuple(MajorityVoteReward.components) == (
-        "valid", "majority", "answer_class", "trailing", "gated", "left_out", "novelty")  # a gate's, watched novelty
-    assert "gated" not in out.components and "novelty" not in out.components  # declared, absent without them
+        "valid", "majority", "answer_class", "trailing", "gated", "left_out", "novelty", "novelty_spread")
+    # a gate's and the watched novelty's, declared, absent without them
+    assert "gated" not in out.components and "novelty" not in out.components
     with pytest.raises(KeyError, match="'cluster_share' is not a component its reward declares"):
         "cluster_share" in out.components  # noqa: B015 (the test is that asking raises)
     plain = VerifierReward()(batch(answer="8")).components

@@ -7,10 +7,10 @@ from evolrl.metrics.diagnostics import label_free_diagnostics
 
 
 class LabelFreeDiagnostics(TrainViewCallback):
-    """Logs reward mean/std, zero-variance groups, majority ratio, distinct answers, valid rate,
-    truncation rate, mean novelty and the fraction of responses with text after their final answer
-    (``trailing_fraction``, as the reward read the answer) each training step; label and reward accuracy
-    when the prompts carry ground truth.
+    """Logs reward mean/std, zero-variance groups, majority ratio, distinct answers, valid rate, truncation rate,
+    mean novelty and its groups' spread before scaling (``novelty_spread_mean``), and the fraction of responses with
+    text after their final answer (``trailing_fraction``, as the reward read the answer) each training step; label
+    and reward accuracy when the prompts carry ground truth.
 
     Args:
         extract: ``(outputs, batch) -> TrainView``; reads evolrl's step output by default.

@@ -18,8 +18,8 @@ from evolrl.types import RewardOutput
 
 ZERO_VARIANCE_ATOL = 1e-8
 
-READS = ("valid", "majority", "answer_class", "trailing", "novelty", "gated", "penalized", "label_weight", "prompt_weight",
-         "teacher_share")
+READS = ("valid", "majority", "answer_class", "trailing", "novelty", "novelty_spread", "gated", "penalized",
+         "label_weight", "prompt_weight", "teacher_share")
 """The components the diagnostics read, from whichever reward declares them (the answer-reading rewards all declare
 the first four)."""
 
@@ -32,9 +32,9 @@ def label_free_diagnostics(
     """Scalar diagnostics of one step.
 
     Args:
-        output: Rewards and components of the step; uses ``valid``, ``majority``, ``answer_class``, ``novelty``
-            and ``trailing`` where present. Rewards that are NaN (responses a reward did not score) are left out of
-            the reward statistics.
+        output: Rewards and components of the step; uses ``valid``, ``majority``, ``answer_class``, ``novelty``,
+            ``novelty_spread`` and ``trailing`` where present. Rewards that are NaN (responses a reward did not
+            score) are left out of the reward statistics.
         truths: Ground-truth answer per prompt, ``None`` where unknown.
         truncated: ``[P, V]`` bool, responses that hit the token limit.
     """
@@ -61,6 +61,9 @@ def label_free_diagnostics(
     if "novelty" in parts and torch.isfinite(parts["novelty"]).any():
         novelty = parts["novelty"]
         stats["novelty_mean"] = novelty[torch.isfinite(novelty)].mean().item()
+    if "novelty_spread" in parts and torch.isfinite(parts["novelty_spread"]).any():  # before min-max scaling
+        spread = parts["novelty_spread"]
+        stats["novelty_spread_mean"] = spread[torch.isfinite(spread)].mean().item()
     if "gated" in parts:  # a consensus gate's groups without a label
         stats["gated_groups"] = parts["gated"].any(dim=1).float().mean().item()
     if "penalized" in parts:  # RESTRAIN's groups under min_majority

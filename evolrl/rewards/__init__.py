@@ -13,7 +13,7 @@ Naming rule: a module is named after the one public thing it defines (``voting.p
   ``equivalence.py``: when two answers are the same;
 * ``voting.py``: equivalence classes and the majority vote of one group;
 * ``novelty.py``: the novelty score and its bands as tensor math; ``embedders.py``: sentence embedders;
-* ``novelty_bands.py``: the configured novelty object (embedder, ``alpha``, ``novelty_text``);
+* ``novelty_bands.py``: the configured novelty object (embedder, ``alpha``, ``novelty_text``, ``min_spread``);
 * ``evol_reward.py``, ``majority_vote_reward.py``, ``verifier_reward.py``: the rewards; ``consensus_gate.py``: when a
   majority may teach (:class:`ConsensusGate`, an option of the majority-vote family);
 * ``policy_signal.py``: what the policy says of each trained response (:class:`PolicySignal`) and the base of the
@@ -39,7 +39,7 @@ from evolrl.rewards.embedders import Embedder, EmbedderError, SentenceTransforme
 from evolrl.rewards.equivalence import answers_equivalent, normalize_answer
 from evolrl.rewards.evol_reward import EvolReward
 from evolrl.rewards.majority_vote_reward import MajorityVoteReward
-from evolrl.rewards.novelty import band_rewards, novelty_values
+from evolrl.rewards.novelty import band_rewards, novelty_spread, novelty_values
 from evolrl.rewards.novelty_bands import NoveltyBands
 from evolrl.rewards.policy_signal import PolicyReward, PolicySignal
 from evolrl.rewards.restrain_reward import PromptWeights, RestrainReward
@@ -79,6 +79,7 @@ __all__ = [
     "has_trailing_text",
     "majority_class",
     "normalize_answer",
+    "novelty_spread",
     "novelty_values",
     "read_answer",
 ]

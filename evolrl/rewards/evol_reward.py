@@ -10,7 +10,7 @@ from evolrl.rewards.answer_rules import AnswerRules
 from evolrl.rewards.answer_sheet import AnswerSheet
 from evolrl.rewards.consensus_gate import ConsensusGate
 from evolrl.rewards.majority_vote_reward import MajorityVoteReward
-from evolrl.rewards.novelty_bands import NOVELTY, NoveltyBands
+from evolrl.rewards.novelty_bands import NOVELTY_COMPONENTS, NoveltyBands
 from evolrl.settings import require
 from evolrl.types import RolloutBatch
 
@@ -31,7 +31,7 @@ class EvolReward(MajorityVoteReward):
         gate: When a group's majority may teach (:class:`~evolrl.rewards.ConsensusGate`); ``null``: always.
     """
 
-    components = MappingProxyType({**MajorityVoteReward.components, "novelty": NOVELTY})
+    components = MappingProxyType({**MajorityVoteReward.components, **NOVELTY_COMPONENTS})
 
     def __init__(
         self,
@@ -45,5 +45,4 @@ class EvolReward(MajorityVoteReward):
         self.bands = novelty if novelty is not None else NoveltyBands()
 
     def score(self, batch: RolloutBatch, sheet: AnswerSheet) -> tuple[Tensor, dict[str, Tensor]]:
-        rewards, novelty = self.bands(batch, sheet.majority, sheet.valid, spans=sheet.stated)
-        return rewards, {"novelty": novelty}
+        return self.bands(batch, sheet.majority, sheet.valid, spans=sheet.stated)

@@ -14,7 +14,7 @@ from evolrl.rewards.answer_rules import EVERY_ANSWER, AnswerRules
 from evolrl.rewards.answer_sheet import AnswerReward, AnswerSheet
 from evolrl.rewards.consensus_gate import COMPONENTS as GATE_COMPONENTS
 from evolrl.rewards.consensus_gate import ConsensusGate
-from evolrl.rewards.novelty_bands import NOVELTY, NoveltyBands
+from evolrl.rewards.novelty_bands import NOVELTY_COMPONENTS, NoveltyBands
 from evolrl.rewards.policy_signal import PolicySignal
 from evolrl.settings import require
 from evolrl.types import RewardOutput, RolloutBatch
@@ -26,11 +26,11 @@ class MajorityVoteReward(AnswerReward):
     Args:
         answers: How answers are read; by default every response with an answer votes, as in TTRL.
         gate: When a group's majority may teach (:class:`~evolrl.rewards.ConsensusGate`); ``null``: always.
-        watch_novelty: Novelty bands whose novelty is measured and logged (``train/novelty_mean``), never rewarded:
+        watch_novelty: Novelty bands whose novelty is measured and logged (``train/novelty_*``), never rewarded:
             TTRL's novelty read as EVOL-RL reads it, for comparing the two; ``null``: none measured.
     """
 
-    components = MappingProxyType({**AnswerReward.components, **GATE_COMPONENTS, "novelty": NOVELTY})
+    components = MappingProxyType({**AnswerReward.components, **GATE_COMPONENTS, **NOVELTY_COMPONENTS})
 
     def __init__(self, answers: AnswerRules = EVERY_ANSWER, gate: ConsensusGate | None = None,
                  watch_novelty: NoveltyBands | None = None) -> None:
@@ -58,4 +58,4 @@ class MajorityVoteReward(AnswerReward):
         """``[P, V]`` rewards before the gate, and the components they were built from (and the watched novelty)."""
         if self.watched is None:
             return sheet.majority.float(), {}
-        return sheet.majority.float(), {"novelty": self.watched(batch, sheet.majority, sheet.valid, spans=sheet.stated)[1]}
+        return sheet.majority.float(), self.watched(batch, sheet.majority, sheet.valid, spans=sheet.stated)[1]

@@ -20,6 +20,13 @@ answer-reading rules, without the answer and without anything after it: neither 
 A response with no answer (valid only under ``answers.valid_rule: any``) is embedded whole. A response that is only its
 answer ("\\boxed{20}") is embedded as the empty string: all such responses share one embedding, so they are
 equally novel among themselves (a group of them alone gets the middle of its band).
+
+Why ``min_spread`` (beyond the paper, off by default): min-max scaling gives a group's least and most novel response
+the ends of its band whatever their gap. In Study IV (25-token answers) cosine gaps of 0.01-0.03 were stretched over
+the whole band, and responses with a false step ("3 + 3 + 3 = 6. 6 + 3 = 9.") earned up to 0.75 in the majority
+band. Below ``min_spread`` a group is scaled by the floor instead, so its rewards span only ``spread / min_spread``
+of the band, around its middle (docs/method.md section 2). Each group's raw spread is logged either way (the
+``novelty_spread`` component, ``train/novelty_spread_mean``).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from torch import Tensor
 
 from evolrl.rewards.answers import AnswerSpan, answer_offset, final_part, strip_last_boxed
 from evolrl.rewards.embedders import Embedder, SentenceTransformerEmbedder
-from evolrl.rewards.novelty import band_rewards, novelty_values
+from evolrl.rewards.novelty import band_rewards, novelty_spread, novelty_values
 from evolrl.settings import check_choice, check_float, require
 from evolrl.types import RolloutBatch
 
@@ -40,6 +47,9 @@ NoveltyText = Literal["response", "reasoning", "until_answer"]
 NOVELTY_TEXTS: tuple[str, ...] = ("response", "reasoning", "until_answer")
 NOVELTY = "float: EVOL-RL's novelty u (NaN where not embedded)"
 """What the ``novelty`` component of a reward with novelty bands holds."""
+NOVELTY_SPREAD = "float: max u - min u of its group (selected or not) before scaling (NaN: invalid, group of one)"
+NOVELTY_COMPONENTS = {"novelty": NOVELTY, "novelty_spread": NOVELTY_SPREAD}
+"""The components a reward with novelty bands declares."""
 
 
 class NoveltyBands:
@@ -55,16 +65,22 @@ class NoveltyBands:
         novelty_text: ``response``: the text after ``</think>`` (or all of it);
             ``reasoning``: the same without its final boxed answer; ``until_answer``: the same up to where
             it first states its answer, without the answer and anything after it (module docstring).
+        min_spread: Beyond the paper: a group whose raw novelty spread is below this is scaled by it instead of
+            min-max, so a small spread stays small in the band (module docstring); in (0, 1]; ``null``: the paper.
     """
 
-    def __init__(self, embedder: Embedder | None = None, alpha: float = 0.5, novelty_text: NoveltyText = "response"):
+    def __init__(self, embedder: Embedder | None = None, alpha: float = 0.5, novelty_text: NoveltyText = "response",
+                 min_spread: float | None = None):
         require(embedder is None or isinstance(embedder, Embedder), "NoveltyBands.embedder", embedder,
                 allowed="an evolrl.rewards.Embedder (e.g. SentenceTransformerEmbedder) or null for the packaged MiniLM")
         check_float("NoveltyBands.alpha", alpha, low=0.0, high=1.0)
         check_choice("NoveltyBands.novelty_text", novelty_text, NOVELTY_TEXTS)
+        if min_spread is not None:
+            check_float("NoveltyBands.min_spread", min_spread, low=0.0, high=1.0, low_open=True)
         self.embedder = embedder if embedder is not None else SentenceTransformerEmbedder()
         self.alpha = alpha
         self.novelty_text = novelty_text
+        self.min_spread = min_spread
 
     def text_for_novelty(self, response: str, span: AnswerSpan | None = None) -> str:
         """The text embedded for ``response``; ``span``: where it first states its answer (``until_answer`` only)."""
@@ -90,8 +106,10 @@ class NoveltyBands:
         return out
 
     def __call__(self, batch: RolloutBatch, selected: Tensor, valid: Tensor,
-                 spans: Sequence[Sequence[AnswerSpan | None]] | None = None) -> tuple[Tensor, Tensor]:
-        """``(rewards, novelty)``, each ``[P, V]``; ``selected`` marks the upper band (majority or correct);
-        ``spans``: where each response first states its answer, ``[P][V]`` (needed by ``until_answer``)."""
+                 spans: Sequence[Sequence[AnswerSpan | None]] | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """``(rewards, components)``: the ``[P, V]`` rewards and the ``novelty`` and ``novelty_spread`` components;
+        ``selected`` marks the upper band (majority or correct); ``spans``: where each response first states its
+        answer, ``[P][V]`` (needed by ``until_answer``)."""
         novelty = novelty_values(self.embed(batch, valid, spans), selected, is_valid=valid, alpha=self.alpha)
-        return band_rewards(novelty, selected, valid), novelty
+        rewards = band_rewards(novelty, selected, valid, self.min_spread)
+        return rewards, {"novelty": novelty, "novelty_spread": novelty_spread(novelty, selected, valid)}

@@ -9,7 +9,7 @@ import torch
 from evolrl.rewards.answer_rules import AnswerRules
 from evolrl.rewards.answer_sheet import AnswerReward
 from evolrl.rewards.equivalence import answers_equivalent
-from evolrl.rewards.novelty_bands import NOVELTY, NoveltyBands
+from evolrl.rewards.novelty_bands import NOVELTY_COMPONENTS, NoveltyBands
 from evolrl.settings import require
 from evolrl.types import RewardOutput, RolloutBatch, unanswered
 
@@ -35,7 +35,7 @@ class VerifierReward(AnswerReward):
     components = MappingProxyType({
         **AnswerReward.components,
         "correct": "bool: its answer is valid and equivalent to the prompt's ground truth",
-        "novelty": NOVELTY + "; only with novelty bands",
+        **{name: text + "; only with novelty bands" for name, text in NOVELTY_COMPONENTS.items()},
     })
 
     def __init__(
@@ -65,5 +65,5 @@ class VerifierReward(AnswerReward):
         labels = tuple(p.answer for p in batch.prompts)
         if self.bands is None:
             return self.output(sheet, correct.float(), labels, correct=correct)
-        rewards, novelty = self.bands(batch, correct, sheet.valid, spans=sheet.stated)
-        return self.output(sheet, rewards, labels, correct=correct, novelty=novelty)
+        rewards, parts = self.bands(batch, correct, sheet.valid, spans=sheet.stated)
+        return self.output(sheet, rewards, labels, correct=correct, **parts)
