@@ -426,8 +426,8 @@ class NaNAfter(MajorityVoteReward):
         super().__init__()
         self.calls, self.seen = calls, 0
 
-    def __call__(self, batch, policy=None):
-        output = super().__call__(batch)
+    def __call__(self, batch, context=None):
+        output = super().__call__(batch, context)
         self.seen += 1
         if self.seen >= self.calls:
             output.rewards[0] = float("nan")

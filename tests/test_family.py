@@ -17,6 +17,7 @@ from evolrl.cli import main
 from evolrl.models import load_policy
 from evolrl.rewards import (
     PolicySignal,
+    RewardContext,
     SelfCertaintyReward,
     SemanticEntropyReward,
     TokenEntropyReward,
@@ -52,9 +53,9 @@ def test_self_certainty_and_token_entropy_rewards_by_hand():
     signal = PolicySignal(trained=torch.tensor([[2, 0]]), entropy=torch.tensor([[0.5, 2.0]]),
                           self_certainty=torch.tensor([[3.0, 1.0]]), logprob=torch.tensor([[-1.0, -2.0]]))
     rollouts = batch([["It is 3.", "3", "4"]], [[2, 0]])
-    certainty = SelfCertaintyReward()(rollouts, policy=signal)
+    certainty = SelfCertaintyReward()(rollouts, RewardContext(policy=signal))
     assert certainty.rewards[0, 2] == 3.0 and certainty.rewards[0, 0] == 1.0 and certainty.rewards[0, 1].isnan()
-    entropy = TokenEntropyReward()(rollouts, policy=signal)
+    entropy = TokenEntropyReward()(rollouts, RewardContext(policy=signal))
     assert entropy.rewards[0, 2] == -0.5 and entropy.rewards[0, 0] == -2.0 and entropy.rewards[0, 1].isnan()
     # the answers are read for the diagnostics (majority 3), never for the reward
     assert certainty.labels == ("3",) and certainty.components["majority"].tolist() == [[True, True, False]]
@@ -76,7 +77,7 @@ def test_the_diagnostics_leave_out_the_responses_a_reward_did_not_score():
 
     signal = PolicySignal(trained=torch.tensor([[0, 1], [0, 1]]), entropy=torch.zeros(2, 2),
                           self_certainty=torch.tensor([[1.0, 3.0], [2.0, 2.0]]), logprob=torch.zeros(2, 2))
-    out = SelfCertaintyReward()(batch([["3", "3", "4"], ["5", "6", "6"]], [[0, 1], [0, 1]]), policy=signal)
+    out = SelfCertaintyReward()(batch([["3", "3", "4"], ["5", "6", "6"]], [[0, 1], [0, 1]]), RewardContext(policy=signal))
     stats = label_free_diagnostics(out)
     assert stats["reward_mean"] == 2.0 and stats["reward_std"] == pytest.approx(math.sqrt(0.5))
     assert stats["zero_variance_groups"] == 0.5  # the second group's two scored rewards are equal

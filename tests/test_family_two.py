@@ -26,10 +26,10 @@ from helpers import scalars, tiny_config
 from evolrl.algorithms import GroupAdvantages
 from evolrl.callbacks import CollapseMonitor
 from evolrl.cli import main
-from evolrl.data.consistency import NAME, majority_share, read_shares
+from evolrl.rewards.restrain.prompt_weights import NAME, majority_share, read_shares
 from evolrl.rewards import ConsensusGate, CoRewardingReward, MajorityVoteReward, PromptWeights, RestrainReward
 from evolrl.settings import SettingError
-from evolrl.teacher import EMATeacher, decay_at
+from evolrl.rewards.co_rewarding import EMATeacher, decay_at
 from evolrl.types import Prompt, ResponseGroup, RolloutBatch
 
 ROOT = Path(__file__).parent.parent
@@ -180,7 +180,7 @@ def test_co_rewarding_scores_agreement_with_the_teacher_s_majority():
     """Eq. 10: r = 1 when the response's answer is the teacher's majority answer, else 0; no teacher answer: 0."""
     policy = batch(SPLIT, WRONG, UNANIMOUS)
     teacher = batch(["4", "4", "3", "4"], UNANIMOUS, NONE)
-    out = CoRewardingReward()(policy, teacher=teacher)
+    out = CoRewardingReward().against(policy, teacher)
     assert out.rewards.tolist() == [[0, 0, 1, 0], [0, 0, 0, 1], [0, 0, 0, 0]]
     assert out.labels == ("4", "3", None)
     assert out.components["majority"][1].tolist() == [True, True, True, False]  # the policy's own vote, for logs
@@ -365,7 +365,7 @@ def test_a_killed_prompt_weight_pass_continues_where_its_file_ends(tmp_path, tin
     prompts it lacks is sampled again, with that call's seed: the shares are the uninterrupted pass's (both passes in
     this process, with the same seeded sampling, so they compare exactly)."""
     from evolrl.data import AdditionPrompts, RolloutDataModule
-    from evolrl.data.consistency import measure_shares, weights_path
+    from evolrl.rewards.restrain.prompt_weights import measure_shares, weights_path
     from evolrl.models import load_policy
     from evolrl.rollout import HFEngine, Sampling
 

@@ -25,7 +25,7 @@ from helpers import make_tiny_model, tiny_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from evolrl.checkpoints.run_dir import newest_checkpoint
-from evolrl.data.consistency import NAME, read_shares
+from evolrl.rewards.restrain.prompt_weights import NAME, read_shares
 
 ROOT = Path(__file__).parent.parent
 LAUNCHER = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK")

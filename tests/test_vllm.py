@@ -26,7 +26,7 @@ from evolrl.logprobs.sequences import trained_sequences
 from evolrl.models import load_policy, load_tokenizer
 from evolrl.rollout import Rollouts, Sampling, VLLMEngine
 from evolrl.rollout.seeds import Seeds
-from evolrl.teacher import EMATeacher, teacher_sampler
+from evolrl.rewards.co_rewarding import EMATeacher, teacher_sampler
 from evolrl.training import Batching, GRPOLoss, GRPOUpdate
 from evolrl.types import Prompt, ResponseGroup, RolloutBatch
 
@@ -398,7 +398,7 @@ def test_vllm_in_a_sampler_process_takes_the_weights_over_gloo(tmp_path, tiny_mo
 
 
 def test_the_ema_teacher_samples_through_the_engine_which_then_holds_the_policy_again(tiny_model):
-    """Co-rewarding II's teacher (evolrl/teacher.py): its samples are scored by the teacher's weights, not the
+    """Co-rewarding II's teacher (evolrl/rewards/co_rewarding/teacher.py): its samples are scored by the teacher's weights, not the
     policy's, and the engine gets the policy's weights back at the same version."""
     tokenizer, policy, engine = load_tokenizer(tiny_model), load_policy(tiny_model).to(DEVICE), new_engine(tiny_model)
     sampling = Sampling(max_new_tokens=8)

@@ -19,7 +19,7 @@ from functools import partial
 import lightning as L
 from torch.utils.data import DataLoader
 
-from evolrl.data.chat import PAPER_SYSTEM_PROMPT, Example, encode_prompts
+from evolrl.data.chat import PAPER_SYSTEM_PROMPT, Example, encode_prompts, render_prompt
 from evolrl.data.eval_set import EvalSet
 from evolrl.data.loader import PromptLoader
 from evolrl.data.requests import RolloutRequest
@@ -107,8 +107,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.rollouts = Rollouts(engine if engine is not None else VLLMEngine(), sampling, eval_sampling=eval_sampling,
                                  prompts_per_step=prompts_per_step, vote_samples=vote_samples,
                                  trained_samples=trained_samples, eval_samples=eval_samples,
-                                 eval_prompts_per_batch=eval_prompts_per_batch, seeds=self.seeds)
-        """Published to the module: the engine, the sampling and the weights version."""
+                                 eval_prompts_per_batch=eval_prompts_per_batch, seeds=self.seeds)  # the module's too
         check_int("RolloutDataModule.max_staleness", max_staleness, 0)
         require(sampler_process is None or isinstance(sampler_process, SamplerProcess), "RolloutDataModule."
                 "sampler_process", sampler_process, allowed="null or {cpus: [...], cuda_devices: [...]}")
@@ -186,6 +185,10 @@ class RolloutDataModule(L.LightningDataModule):
 
     def timings(self) -> dict[str, float]:  # this step's wait on a sampler process and its idle time, if one
         return self.supply.timings()
+
+    def encode_question(self, question: str) -> tuple[int, ...]:
+        """``question`` as the policy reads a training prompt (chat template, system prompt, examples), for a reward."""
+        return tuple(render_prompt(self.tokenizer, question, self.system_prompt, self.examples))
 
     def training_prompts(self) -> list[Prompt]:
         """Every training prompt this run can draw (after ``setup``), in the source's order."""

@@ -5,8 +5,9 @@ Nothing here imports Lightning or vLLM.
 Naming rule: a module is named after the one public thing it defines (``voting.py``: the vote;
 ``novelty_bands.py``: :class:`NoveltyBands`; ``answer_sheet.py``: :class:`AnswerSheet` and the
 :class:`AnswerReward` base that fills it in); a reward class ends in ``Reward`` and lives in
-``<name>_reward.py`` (:class:`EvolReward` in ``evol_reward.py``). ``base.py`` holds only the
-:class:`Reward` interface.
+``<name>_reward.py`` (:class:`EvolReward` in ``evol_reward.py``), or, when it has parts of its own (a teacher, a
+measuring pass), in a folder ``<name>/`` whose ``reward.py`` holds it. ``base.py`` holds the :class:`Reward`
+interface and its hooks, ``context.py`` the :class:`RewardContext` they are given.
 
 * ``answers.py``: reading a final answer and where it was read (its span, trailing text after it), the validity
   rule; ``answer_rules.py``: :class:`AnswerRules`, the settings of that reading that every reward and grader takes;
@@ -19,8 +20,8 @@ Naming rule: a module is named after the one public thing it defines (``voting.p
 * ``policy_signal.py``: what the policy says of each trained response (:class:`PolicySignal`) and the base of the
   rewards that read it (:class:`PolicyReward`);
 * the other label-free methods, one each: ``self_certainty_reward.py`` (Intuitor), ``token_entropy_reward.py``
-  (RENT), ``semantic_entropy_reward.py`` (EMPO), ``restrain_reward.py`` (RESTRAIN), ``co_rewarding_reward.py``
-  (Co-rewarding II, whose EMA teacher is ``evolrl/teacher.py``).
+  (RENT), ``semantic_entropy_reward.py`` (EMPO); ``restrain/`` (RESTRAIN, with its prompt-weight pass) and
+  ``co_rewarding/`` (Co-rewarding II, with its EMA teacher): rewards with state, written against the hooks alone.
 """
 
 from evolrl.rewards.answer_rules import AnswerRules
@@ -33,8 +34,9 @@ from evolrl.rewards.answers import (
     read_answer,
 )
 from evolrl.rewards.base import Reward
-from evolrl.rewards.co_rewarding_reward import CoRewardingReward
+from evolrl.rewards.co_rewarding import CoRewardingReward
 from evolrl.rewards.consensus_gate import ConsensusGate
+from evolrl.rewards.context import RewardContext
 from evolrl.rewards.embedders import Embedder, EmbedderError, SentenceTransformerEmbedder
 from evolrl.rewards.equivalence import answers_equivalent, normalize_answer
 from evolrl.rewards.evol_reward import EvolReward
@@ -42,7 +44,7 @@ from evolrl.rewards.majority_vote_reward import MajorityVoteReward
 from evolrl.rewards.novelty import band_rewards, novelty_spread, novelty_values
 from evolrl.rewards.novelty_bands import NoveltyBands
 from evolrl.rewards.policy_signal import PolicyReward, PolicySignal
-from evolrl.rewards.restrain_reward import PromptWeights, RestrainReward
+from evolrl.rewards.restrain import PromptWeights, RestrainReward
 from evolrl.rewards.self_certainty_reward import SelfCertaintyReward
 from evolrl.rewards.semantic_entropy_reward import SemanticEntropyReward
 from evolrl.rewards.token_entropy_reward import TokenEntropyReward
@@ -65,6 +67,7 @@ __all__ = [
     "PolicySignal",
     "PromptWeights",
     "Reward",
+    "RewardContext",
     "RestrainReward",
     "SelfCertaintyReward",
     "SemanticEntropyReward",

@@ -15,7 +15,7 @@ from evolrl.rewards.answer_sheet import AnswerReward, AnswerSheet
 from evolrl.rewards.consensus_gate import COMPONENTS as GATE_COMPONENTS
 from evolrl.rewards.consensus_gate import ConsensusGate
 from evolrl.rewards.novelty_bands import NOVELTY_COMPONENTS, NoveltyBands
-from evolrl.rewards.policy_signal import PolicySignal
+from evolrl.rewards.context import RewardContext
 from evolrl.settings import require
 from evolrl.types import RewardOutput, RolloutBatch
 
@@ -45,7 +45,8 @@ class MajorityVoteReward(AnswerReward):
     def needs_policy(self) -> bool:  # SCRL's entropy-gated negatives read the policy's token entropy
         return self.gate is not None and self.gate.reads_policy
 
-    def __call__(self, batch: RolloutBatch, policy: PolicySignal | None = None) -> RewardOutput:
+    def __call__(self, batch: RolloutBatch, context: RewardContext | None = None) -> RewardOutput:
+        policy = context.policy if context is not None else None
         sheet = self.read(batch)
         rewards, parts = self.score(batch, sheet)
         if self.gate is not None:

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from evolrl.rewards.answer_rules import EVERY_ANSWER, AnswerRules
 from evolrl.rewards.answer_sheet import AnswerReward
+from evolrl.rewards.context import RewardContext
 from evolrl.types import RewardOutput, RolloutBatch
 
 
@@ -70,10 +71,11 @@ class PolicyReward(AnswerReward):
     def __init__(self, answers: AnswerRules = EVERY_ANSWER) -> None:
         super().__init__(answers)
 
-    def __call__(self, batch: RolloutBatch, policy: PolicySignal | None = None) -> RewardOutput:
+    def __call__(self, batch: RolloutBatch, context: RewardContext | None = None) -> RewardOutput:
+        policy = context.policy if context is not None else None
         if policy is None:
-            raise TypeError(f"{type(self).__name__} reads the policy: call it with the step's PolicySignal "
-                            "(EvolRLModule does; see evolrl.rewards.policy_signal)")
+            raise TypeError(f"{type(self).__name__} reads the policy: call it with the step's PolicySignal as the "
+                            "RewardContext's policy (EvolRLModule does; see evolrl.rewards.policy_signal)")
         score, name = self.policy_rewards(policy)  # [P, G]
         sheet = self.read(batch)
         scored = policy.per_response(score, batch.group_size)

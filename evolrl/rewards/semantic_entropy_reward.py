@@ -6,6 +6,7 @@ from types import MappingProxyType
 
 from evolrl.rewards.answer_rules import EVERY_ANSWER, AnswerRules
 from evolrl.rewards.answer_sheet import AnswerReward
+from evolrl.rewards.context import RewardContext
 from evolrl.types import RewardOutput, RolloutBatch
 
 
@@ -32,7 +33,7 @@ class SemanticEntropyReward(AnswerReward):
     def __init__(self, answers: AnswerRules = EVERY_ANSWER) -> None:
         super().__init__(answers)
 
-    def __call__(self, batch: RolloutBatch) -> RewardOutput:
+    def __call__(self, batch: RolloutBatch, context: RewardContext | None = None) -> RewardOutput:
         sheet = self.read(batch)
         classes = sheet.answer_class  # [P, V], -1: no valid answer
         same = (classes[:, :, None] == classes[:, None, :]) & (classes[:, :, None] >= 0)  # [P, V, V]

@@ -11,6 +11,7 @@ from evolrl.rewards.answer_sheet import AnswerReward
 from evolrl.rewards.equivalence import answers_equivalent
 from evolrl.rewards.novelty_bands import NOVELTY_COMPONENTS, NoveltyBands
 from evolrl.settings import require
+from evolrl.rewards.context import RewardContext
 from evolrl.types import RewardOutput, RolloutBatch, unanswered
 
 ANSWER_HINT = ("Give those rows an answer (or set answer_field to the field that holds it), or train with a "
@@ -50,7 +51,7 @@ class VerifierReward(AnswerReward):
 
     needs_answers = True
 
-    def __call__(self, batch: RolloutBatch) -> RewardOutput:
+    def __call__(self, batch: RolloutBatch, context: RewardContext | None = None) -> RewardOutput:
         missing = unanswered(batch.prompts)
         if missing:
             raise ValueError(f"VerifierReward needs a ground-truth answer for every prompt: {missing}. {ANSWER_HINT}")

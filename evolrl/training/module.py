@@ -27,7 +27,7 @@ from evolrl.callbacks import missing_defaults
 from evolrl.logprobs import check, keep_freed_memory
 from evolrl.lora import LoRA, adapter_state, check_targets, with_base
 from evolrl.models import empty_policy, model_config
-from evolrl.reward_state import RewardState
+from evolrl.reward_hooks import RewardHooks
 from evolrl.rewards import EvolReward, Reward
 from evolrl.settings import check_choice, require
 from evolrl.training.batching import Batching
@@ -102,7 +102,7 @@ class EvolRLModule(L.LightningModule):
         self.automatic_optimization = False
         self.model_name = model
         self.reward = reward if reward is not None else EvolReward()
-        self.reward_state = RewardState(self.reward)  # an EMA teacher, RESTRAIN's prompt weights
+        self.reward_hooks = RewardHooks(self.reward)  # its check, start, before-step and checkpoint hooks
         self.advantages = advantages
         require(overlong is None or isinstance(overlong, Overlong), "EvolRLModule.overlong", overlong,
                 allowed="null, evolrl.algorithms.OverlongPenalty or evolrl.algorithms.OverlongMask")
@@ -161,7 +161,7 @@ class EvolRLModule(L.LightningModule):
         if self.lora is not None and self.device_mesh is None:  # adapters only; a sharded (FSDP2) one stays whole
             checkpoint["state_dict"] = adapter_state(checkpoint["state_dict"])
         skips = {"skipped_steps": self.update.skipped_steps, "skips_in_a_row": self.update.skips_in_a_row}
-        checkpoint["evolrl"] = {**skips, **self.flat_rewards.state_dict(), **self.reward_state.state_dict(),
+        checkpoint["evolrl"] = {**skips, **self.flat_rewards.state_dict(), **self.reward.state_dict(),
                                 "torch_rng_state": torch.get_rng_state()}  # dropout in the policy, if any
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -173,7 +173,7 @@ class EvolRLModule(L.LightningModule):
         self.update.skipped_steps = state["skipped_steps"]
         self.update.skips_in_a_row = state.get("skips_in_a_row", 0)
         self.flat_rewards.load_state_dict(state)
-        self.reward_state.load_state_dict(state)
+        self.reward.load_state_dict(state)
         torch.set_rng_state(state["torch_rng_state"])
 
     def on_fit_start(self) -> None:
@@ -190,10 +190,9 @@ class EvolRLModule(L.LightningModule):
         return data if callable(getattr(data, "next_rollouts", None)) and hasattr(data, "hand_weights") else None
 
     def on_train_start(self) -> None:  # not at fit's start: a sharded checkpoint is restored after on_fit_start
-        if self.sampler is not None:
-            self.sampler.hand_weights(self.policy, new=False)
-        if self.trainer.training:  # the teacher from the policy, the prompt weights by the base model's pass
-            self.reward_state.start(self.policy, self.trainer.datamodule, self.trainer)
+        self.sampler.hand_weights(self.policy, new=False) if self.sampler is not None else None
+        if self.trainer.training:  # e.g. a teacher from the policy, a pass of the base model
+            self.reward_hooks.start(self, self.trainer)
 
     on_validation_start = on_test_start = on_train_start
 
@@ -202,10 +201,11 @@ class EvolRLModule(L.LightningModule):
         t0, step, sampler = time.perf_counter(), self.trainer.global_step, self.sampler
         rollouts = fresh(sampler.next_rollouts(batch) if sampler else batch, step, getattr(sampler, "max_staleness", 0))
         t1 = time.perf_counter()
-        teacher, taught = self.reward_state.before_step(self.policy, self.trainer, step)
+        taught = self.reward_hooks.before_step(step)
         scoring = Scoring(self.reward, self.advantages, self.overlong, self.device,
                           policy_pass=lambda seqs, temperature: self.update.policy_pass(self.policy, seqs, temperature),
-                          vocabulary=self.policy.get_output_embeddings().weight.shape[0], step=step, teacher=teacher)
+                          vocabulary=self.policy.get_output_embeddings().weight.shape[0], step=step,
+                          context=self.reward_hooks.context)
         # rewards [P, V], trained [P, G]; with dynamic sampling, the groups kept over the step's rounds
         scored = score_rounds(scoring, rollouts, None if isinstance(batch, RolloutBatch) else batch,
                               partial(fewest, self.trainer.strategy, self.device))
@@ -227,7 +227,7 @@ class EvolRLModule(L.LightningModule):
             "lag": lag(rollouts, step),  # versions behind the policy it trains
         }
         timing = {"step": t3 - t0, "sample": t1 - t0, "reward": t2 - t1, "update": t3 - t2, "sync": sync,
-                  **(sampler.timings() if hasattr(sampler, "timings") else {}), **self.reward_state.timings()}
+                  **(sampler.timings() if hasattr(sampler, "timings") else {}), **self.reward.timings()}
         # Entropy, lengths and the label-free diagnostics: the callbacks (evolrl.callbacks) read the output.
         logged = {k if k.startswith("mismatch/") else f"train/{k}": v for k, v in stats.items() if k != "entropy"}
         self.log_dict(logged, on_step=True, batch_size=len(seqs))

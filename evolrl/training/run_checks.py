@@ -26,7 +26,7 @@ def check_run(module, data, trainer) -> None:
             check_placement(data.sampler_process, trainer.world_size, trainer_gpus(trainer))
         if module.overlong is not None:  # its buffer against the sampling budget
             module.overlong.check(data.rollouts.sampling.max_new_tokens)
-    module.reward_state.check(module, data, trainer)
+    module.reward_hooks.check(module, data, trainer)
 
 
 class FlatRewardCheck:

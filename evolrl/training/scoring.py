@@ -1,8 +1,9 @@
 """Scoring a training step's rollouts: the reward of every response, then the trained sequences with advantages.
 
-A reward that reads the policy (``reward.needs_policy``: self-certainty, token entropy) is given one no-grad pass of
+Every reward is called the same way, ``reward(rollouts, context)`` (``evolrl/rewards/base.py``). For a reward that
+reads the policy (``reward.needs_policy``: self-certainty, token entropy) the call's context holds one no-grad pass of
 the policy over the trained sequences (the ``policy_pass`` function, ``GRPOUpdate.policy_pass``), which the update
-then reuses for its old log-probs; any other reward reads the responses only and no pass is made here.
+then reuses for its old log-probs; for any other no pass is made here.
 
 Overlong shaping (``model.overlong``) acts on the rewards before the advantages and on the loss mask after them.
 Dynamic sampling (:func:`score_rounds`) scores round after round of prompts and keeps the groups whose trained
@@ -12,13 +13,13 @@ rewards disagree, as many on every rank.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from evolrl.algorithms import GroupAdvantages, Overlong, agreeing_groups
 from evolrl.logprobs import Sequences, trained_sequences
-from evolrl.rewards import Reward
+from evolrl.rewards import Reward, RewardContext
 from evolrl.rewards.policy_signal import PolicySignal
 from evolrl.training.run_checks import check_rewards
 from evolrl.training.update import PolicyPass
@@ -93,24 +94,20 @@ class Scoring:
     """The policy's vocabulary size (for a reward that reads the policy)."""
     step: int = 0
     """The training step, for the error a non-finite reward stops the run with."""
-    teacher: Callable[[RolloutBatch], RolloutBatch] | None = None
-    """The teacher's samples of a batch's prompts, for a reward that scores against them (``needs_teacher``)."""
+    context: RewardContext = field(default_factory=RewardContext)
+    """What the reward may use of the run (its hooks' context); a call's gets the policy signal where it reads it."""
 
     def __call__(self, rollouts: RolloutBatch) -> Scored:
         """Rewards ``[P, V]`` (shaped), group advantages of the trained ``[P, G]`` and their sequences (scored under
         the temperature the rollouts were sampled at)."""
         seqs = trained_sequences(rollouts, torch.zeros(rollouts.trained.shape), PAD_ID).to(self.device)
-        passed = None
+        passed, context = None, self.context
         if self.reward.needs_policy:
             passed = self.policy_pass(seqs, rollouts.temperature)
-            signal = PolicySignal.from_tokens(rollouts.trained, seqs.response_mask, logp=passed.logp,
-                                              entropy=passed.entropy, mean_logp=passed.mean_logp,
-                                              vocabulary=self.vocabulary)
-            rewards = self.reward(rollouts, policy=signal)
-        elif getattr(self.reward, "needs_teacher", False):
-            rewards = self.reward(rollouts, teacher=self.teacher(rollouts))
-        else:
-            rewards = self.reward(rollouts)
+            context = replace(context, policy=PolicySignal.from_tokens(
+                rollouts.trained, seqs.response_mask, logp=passed.logp, entropy=passed.entropy,
+                mean_logp=passed.mean_logp, vocabulary=self.vocabulary))
+        rewards = self.reward(rollouts, context)
         check_rewards(self.reward, rewards, rollouts.trained, self.step)
         rewards, stats = self.shape(rollouts, rewards)
         advantages = self.reward.advantages(rewards, rollouts.trained, self.advantages_of)  # [P, G]

@@ -148,7 +148,7 @@ def states(m: Shape, u: Update) -> list[Row]:
                  (params + embed) / n * 2)]
         if u.strategy != "single":  # FSDP2 never reshards a root after forward; the reference has no backward
             rows.append(("reference's gathered embeddings (FSDP2 root)", "vocab x hidden x 2 B", embed * 2))
-    if u.teacher:  # evolrl/teacher.py: an average of the trainable tensors, whole on every rank
+    if u.teacher:  # rewards/co_rewarding/teacher.py: an average of the trainable tensors, whole on every rank
         count = m.lora_params(u.lora_rank) if u.lora_rank else params
         rows.append(("EMA teacher (fp32, whole on each rank)", f"{count / 1e6:.0f}M x 4 B", count * 4))
     return [r for r in rows if r[2]]

@@ -1,5 +1,5 @@
-"""The EMA teacher of Co-rewarding II (``evolrl.rewards.CoRewardingReward``): a slow average of the policy whose
-votes give the pseudo-labels.
+"""The EMA teacher of Co-rewarding II (:class:`~evolrl.rewards.CoRewardingReward`): a slow average of the policy
+whose votes give the pseudo-labels.
 
 Decisions:
 

@@ -9,7 +9,7 @@ differs from the paper):
 * negative rollout penalization: a group whose majority holds fewer than ``min_majority`` responses gets no reward
   and every advantage ``-delta``.
 * prompt-level weighting: each prompt's advantages times ``u_x``, from the base model's own consistency on it,
-  measured once before training (:class:`PromptWeights`, ``evolrl/data/consistency.py``).
+  measured once before training (:class:`PromptWeights`, ``prompt_weights.py``).
 
 The objective is a weighted sum of GRPO objectives, not one GRPO group of rewards, so the reward defines the
 advantages (:meth:`RestrainReward.advantages`); summing advantages is the sum of the objectives while the clip is
@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -28,7 +29,9 @@ from torch import Tensor
 from evolrl.rewards.answer_rules import EVERY_ANSWER, AnswerRules
 from evolrl.rewards.answer_sheet import AnswerSheet
 from evolrl.rewards.consensus_gate import ConsensusGate
+from evolrl.rewards.context import RewardContext
 from evolrl.rewards.majority_vote_reward import MajorityVoteReward
+from evolrl.rewards.restrain.prompt_weights import measure_shares
 from evolrl.rewards.voting import class_counts, majority_class
 from evolrl.settings import check_float, check_int, require
 from evolrl.types import RewardOutput, RolloutBatch
@@ -90,6 +93,32 @@ class RestrainReward(MajorityVoteReward):
         """Prompt id -> u, once measured (:meth:`set_prompt_weights`)."""
         self.shares: dict[str, float] = {}
         """Prompt id -> the base model's majority share, the weights' source (checkpoints keep it)."""
+
+    @property
+    def samples(self) -> bool:  # the base model's pass samples the training prompts through the run's engine
+        return self.prompt_weights is not None
+
+    @property
+    def keeps_state(self) -> bool:  # the measured shares
+        return self.prompt_weights is not None
+
+    def start(self, context: RewardContext) -> None:
+        """The prompt weights by the base model's pass, unless a checkpoint brought them."""
+        if self.prompt_weights is None or self.weights:
+            return
+        require(context.step == 0, "--ckpt_path", context.step,
+                allowed="a checkpoint that holds RESTRAIN's prompt weights (its base-model pass needs the base "
+                "model's weights, which a resumed policy no longer has)")
+        self.set_prompt_weights(measure_shares(
+            context.sampler, self.prompt_weights.samples, self.answers, context.run_dir, context.rank,
+            context.world_size, stop_point=context.stop_point, say=context.say))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"prompt_shares": dict(self.shares)} if self.prompt_weights is not None and self.shares else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.prompt_weights is not None and "prompt_shares" in state:
+            self.set_prompt_weights(state["prompt_shares"])
 
     def g(self, share: Tensor | float) -> Tensor:
         """The shaping of a vote share: ``exp(-(share - center)^2 / (2 sigma^2))``."""
