@@ -27,7 +27,14 @@ from evolrl.algorithms import GroupAdvantages
 from evolrl.callbacks import CollapseMonitor
 from evolrl.cli import main
 from evolrl.rewards.restrain.prompt_weights import NAME, majority_share, read_shares
-from evolrl.rewards import ConsensusGate, CoRewardingReward, MajorityVoteReward, PromptWeights, RestrainReward
+from evolrl.rewards import (
+    ConsensusGate,
+    CoRewardingReward,
+    MajorityVoteReward,
+    PromptWeights,
+    RestrainReward,
+    SelfHarmonyReward,
+)
 from evolrl.settings import SettingError
 from evolrl.rewards.co_rewarding import EMATeacher, decay_at
 from evolrl.types import Prompt, ResponseGroup, RolloutBatch
@@ -175,6 +182,30 @@ def test_the_base_model_s_majority_share_and_a_weights_file_cut_by_a_kill(tmp_pa
         read_shares(path, {"model": "other", "samples": 4})
 
 
+# ---- Self-Harmony ----------------------------------------------------------------------------------------------------
+def test_self_harmony_takes_the_answer_with_the_largest_harmonic_mean_over_the_two_views():
+    """Theorem 3.2's selector, argmax_a 2 p0(a) p1(a) / (p0(a) + p1(a)): the original view votes 5 six times and 7
+    twice, the rewrite's answers are 7 x3, 9 x4, 5 x1. HMS(5) = 2(6/8)(1/8)/(7/8) = 3/14, HMS(7) = 2(2/8)(3/8)/(5/8)
+    = 0.3, HMS(9) = 0 (one view only): the label is 7, where the majority of either view or of both is not."""
+    original = batch(["5", "5", "5", "5", "5", "5", "7", "7"])
+    reframed = batch(["7", "7", "7", "9", "9", "9", "9", "5"])
+    out = SelfHarmonyReward().against(original, reframed)
+    assert out.labels == ("7",) and out.rewards.tolist() == [[0.0] * 6 + [1.0] * 2]
+    assert out.components["harmony"][0].tolist() == pytest.approx([3 / 14] * 6 + [0.3] * 2)
+    assert out.components["reframed_share"][0, 0].item() == pytest.approx(3 / 8)
+    disjoint = SelfHarmonyReward().against(batch(["3", "3", "4", "4"]), batch(["5", "5", "6", None]))
+    assert disjoint.labels == (None,) and disjoint.rewards.tolist() == [[0.0] * 4]  # no answer in both: no label
+    tie = SelfHarmonyReward().against(batch(["3", "4", "4", "3"]), batch(["4", "3", "3", "4"]))
+    assert tie.labels == ("3",)  # equal scores and counts: the class the original view met first
+
+
+def test_self_harmony_s_settings_are_checked_where_declared():
+    with pytest.raises(SettingError, match="SelfHarmonyReward.reframe='Say it again' is not allowed"):
+        SelfHarmonyReward(reframe="Say it again")
+    with pytest.raises(SettingError, match="SelfHarmonyReward.reframed_samples=0 is not allowed"):
+        SelfHarmonyReward(reframed_samples=0)
+
+
 # ---- Co-rewarding II -------------------------------------------------------------------------------------------------
 def test_co_rewarding_scores_agreement_with_the_teacher_s_majority():
     """Eq. 10: r = 1 when the response's answer is the teacher's majority answer, else 0; no teacher answer: 0."""
@@ -224,7 +255,7 @@ def test_the_model_collapse_step_is_the_first_step_below_one_percent_reward_accu
 
 
 # ---- through the CLI -------------------------------------------------------------------------------------------------
-OVERLAYS = {"restrain": ["demo_restrain"], "co_rewarding": ["demo_co_rewarding"],
+OVERLAYS = {"restrain": ["demo_restrain"], "co_rewarding": ["demo_co_rewarding"], "self_harmony": ["demo_self_harmony"],
             "ttrl_gated": ["demo_ttrl", "demo_ttrl_gated"], "ttrl_scrl": ["demo_ttrl", "demo_ttrl_scrl"]}
 
 
@@ -256,6 +287,8 @@ def test_a_two_step_cli_run_through_each_overlay(tmp_path, tiny_model, method, c
     if method == "co_rewarding":
         assert logged["train/teacher_decay"][0] == pytest.approx(0.99) and len(logged["time/teacher"]) == 2
         assert 0 <= logged["train/teacher_share_mean"][0] <= 1
+    if method == "self_harmony":
+        assert 0 <= logged["train/reframed_share_mean"][0] <= 1
     if method == "restrain":
         (path,) = tmp_path.glob(f"{NAME}-*.jsonl")
         shares = read_shares(path, json.loads(path.read_text().splitlines()[0])["measured_with"])

@@ -20,7 +20,8 @@ interface and its hooks, ``context.py`` the :class:`RewardContext` they are give
 * ``policy_signal.py``: what the policy says of each trained response (:class:`PolicySignal`) and the base of the
   rewards that read it (:class:`PolicyReward`);
 * the other label-free methods, one each: ``self_certainty_reward.py`` (Intuitor), ``token_entropy_reward.py``
-  (RENT), ``semantic_entropy_reward.py`` (EMPO); ``restrain/`` (RESTRAIN, with its prompt-weight pass) and
+  (RENT), ``semantic_entropy_reward.py`` (EMPO), ``self_harmony_reward.py`` (Self-Harmony, which samples the
+  policy's own rewrites through the run's context); ``restrain/`` (RESTRAIN, with its prompt-weight pass) and
   ``co_rewarding/`` (Co-rewarding II, with its EMA teacher): rewards with state, written against the hooks alone.
 """
 
@@ -46,6 +47,7 @@ from evolrl.rewards.novelty_bands import NoveltyBands
 from evolrl.rewards.policy_signal import PolicyReward, PolicySignal
 from evolrl.rewards.restrain import PromptWeights, RestrainReward
 from evolrl.rewards.self_certainty_reward import SelfCertaintyReward
+from evolrl.rewards.self_harmony_reward import SelfHarmonyReward
 from evolrl.rewards.semantic_entropy_reward import SemanticEntropyReward
 from evolrl.rewards.token_entropy_reward import TokenEntropyReward
 from evolrl.rewards.verifier_reward import VerifierReward
@@ -70,6 +72,7 @@ __all__ = [
     "RewardContext",
     "RestrainReward",
     "SelfCertaintyReward",
+    "SelfHarmonyReward",
     "SemanticEntropyReward",
     "SentenceTransformerEmbedder",
     "TokenEntropyReward",
