@@ -54,7 +54,7 @@ class EvolRLCLI(LightningCLI):
         moved = moved_keys(given)
         if moved:
             parser.error("; ".join(f"{old} moved to {new}" for old, new in moved)
-                         + " (README.md, 'Upgrading')")
+                         + " (evolrl/upgrade.py lists every moved key)")
         self.given_args = given  # for the command that resumes a preempted run
         self.config = parser.parse_args(with_class_defaults(given))  # as LightningCLI's own, on the rewritten list
 

@@ -2,8 +2,7 @@
 
 A config written for an earlier layout would otherwise stop with jsonargparse's "key not expected", which does not
 say where the setting went. :func:`moved_keys` reads the ``--config`` files and ``--key=value`` arguments of a command
-line before it is parsed; the CLI reports every moved key it finds as a usage error. The README's upgrade note lists
-the same table.
+line before it is parsed; the CLI reports every moved key it finds as a usage error, pointing here for the table.
 """
 
 from __future__ import annotations
