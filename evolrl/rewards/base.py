@@ -12,7 +12,8 @@ uses (the class attributes below), and the trainer calls its hooks at fixed poin
 * :meth:`Reward.check` when ``fit`` starts, before any model loads: a SettingError for what it cannot run with;
 * :meth:`Reward.start` before the first step of this start (a resumed run too, after its state was loaded);
 * :meth:`Reward.before_step` before each step's scoring, returning numbers logged as ``train/<name>``;
-* ``reward(batch, context)`` for the step's rollouts (once per sampling round with dynamic sampling);
+* ``reward(batch, context)`` for the step's rollouts (once per sampling round with dynamic sampling); a reward that
+  reads nothing of the run may define its call on the batch alone (:func:`call_reward`);
 * :meth:`Reward.state_dict` into every checkpoint, :meth:`Reward.load_state_dict` out of it, before :meth:`start`.
 
 ``docs/method.md`` ("Writing a reward") walks through one written outside the package.
@@ -20,6 +21,7 @@ uses (the class attributes below), and the trainer calls its hooks at fixed poin
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -93,3 +95,13 @@ class Reward(ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The checkpoint's ``evolrl`` state, this reward's keys among it; called before :meth:`start`."""
+
+
+def call_reward(reward: Reward, batch: RolloutBatch, context: RewardContext) -> RewardOutput:
+    """``reward(batch, context)``; a reward whose call takes the batch alone (it reads nothing of the run) is called
+    with the batch alone, so a stateless reward need not name a context it never reads."""
+    parameters = inspect.signature(reward.__call__).parameters.values()
+    takes = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)
+    if takes >= 2 or any(p.kind == p.VAR_POSITIONAL for p in parameters):
+        return reward(batch, context)
+    return reward(batch)

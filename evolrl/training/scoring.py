@@ -20,6 +20,7 @@ import torch
 from evolrl.algorithms import GroupAdvantages, Overlong, agreeing_groups
 from evolrl.logprobs import Sequences, trained_sequences
 from evolrl.rewards import Reward, RewardContext
+from evolrl.rewards.base import call_reward
 from evolrl.rewards.policy_signal import PolicySignal
 from evolrl.training.run_checks import check_rewards
 from evolrl.training.update import PolicyPass
@@ -107,7 +108,7 @@ class Scoring:
             context = replace(context, policy=PolicySignal.from_tokens(
                 rollouts.trained, seqs.response_mask, logp=passed.logp, entropy=passed.entropy,
                 mean_logp=passed.mean_logp, vocabulary=self.vocabulary))
-        rewards = self.reward(rollouts, context)
+        rewards = call_reward(self.reward, rollouts, context)
         check_rewards(self.reward, rewards, rollouts.trained, self.step)
         rewards, stats = self.shape(rollouts, rewards)
         advantages = self.reward.advantages(rewards, rollouts.trained, self.advantages_of)  # [P, G]
