@@ -201,14 +201,15 @@ def test_a_preempted_step_reaches_the_curves_and_the_requeue_leaves_no_gap(tmp_p
 
 # ---- settings that cannot run together -------------------------------------------------------------------------------
 @pytest.mark.parametrize(("setting", "named"), [
-    (["--data.sampler_process.cpus=[\"1\"]"], "data.sampler_process="),
+    (["--data.sampler_process.cpus=[\"{core}\"]"], "data.sampler_process="),  # a core this process may use
     (["--data.max_staleness=1", "--data.engine.init_args.report_logprobs=true",
       "--model.loss.mismatch_correction=evolrl.algorithms.TokenTruncate"], "data.max_staleness=1 is not allowed"),
 ])
 def test_co_rewarding_with_a_line_or_a_sampler_process_is_a_usage_error_before_anything_loads(
         tmp_path, tiny_model, setting, named):
     config = job_config(tmp_path, tiny_model, 1, reward="CoRewardingReward")
-    code, log = fit(["--config", str(config), *setting], tmp_path / "job.log")
+    core = max(os.sched_getaffinity(0))
+    code, log = fit(["--config", str(config), *(s.format(core=core) for s in setting)], tmp_path / "job.log")
     assert code == 2 and "Traceback" not in log, log
     assert f"error: {named}" in log and "with CoRewardingReward" in log, log
     assert not (tmp_path / "checkpoints").exists()  # stopped before the run took its directory

@@ -52,9 +52,12 @@ class RewardContext:
     # ---- sampling extra texts through the run's engine -----------------------------------------------------------
     def require_sampler(self, who: str, what: str) -> None:
         """A SettingError unless this run samples in this process (``who`` samples ``what`` through its engine)."""
-        require(self.sampler is not None, "data", "recorded rollouts or a sampler process",
-                allowed=f"a data module that samples in the trainer's process (evolrl.data.RolloutDataModule, "
-                f"data.sampler_process: null): {who}: {what} through the run's engine")
+        require(self.sampler is not None, "data", "recorded rollouts",
+                allowed=f"a data module that samples (evolrl.data.RolloutDataModule): {who}: {what} through the "
+                "run's engine")
+        placement = self.settings.get("sampler_process")
+        require(placement is None, "data.sampler_process", placement,
+                allowed=f"null with {who}: {what} through the engine in the trainer's process")
 
     @property
     def sampling(self):
