@@ -39,9 +39,10 @@ from evolrl.checkpoints.job import job_parts, own_checkpoint_dir, resume_point
 from evolrl.data.datamodule import RolloutDataModule
 from evolrl.rollout.ranks import RankFailed
 from evolrl.rollout.remote import SamplerFailed
+from evolrl.run_check import check_run
 from evolrl.settings import SettingError
 from evolrl.training.module import EvolRLModule
-from evolrl.training.run_checks import TrainingStopped, check_run
+from evolrl.training.run_checks import TrainingStopped
 from evolrl.upgrade import moved_keys
 
 

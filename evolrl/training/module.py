@@ -29,13 +29,14 @@ from evolrl.lora import LoRA, adapter_state, check_targets, with_base
 from evolrl.models import empty_policy, model_config
 from evolrl.reward_hooks import RewardHooks
 from evolrl.rewards import EvolReward, Reward
+from evolrl.run_check import check_run
 from evolrl.settings import check_choice, require
 from evolrl.training.batching import Batching
 from evolrl.training.build import DTYPES, Dtypes, Frozen, build_models
 from evolrl.training.evaluation import grade_request
 from evolrl.training.loss import GRPOLoss, plain
 from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, start_schedule_once
-from evolrl.training.run_checks import FlatRewardCheck, check_run
+from evolrl.training.run_checks import FlatRewardCheck
 from evolrl.training.scoring import Scoring, fewest, fresh, lag, score_rounds
 from evolrl.training.update import GRPOUpdate
 from evolrl.types import EvalOutput, RolloutBatch, RolloutSource, StepOutput
@@ -237,7 +238,6 @@ class EvolRLModule(L.LightningModule):
         self.log_dict(bar, prog_bar=True, logger=False, on_step=True, batch_size=len(seqs))
         return StepOutput(rollouts=scored.rollouts, rewards=scored.rewards, stats=stats, timing=timing)
 
-    # ---- evaluation ---------------------------------------------------------------------
     def validation_step(self, request, batch_idx: int, dataloader_idx: int = 0) -> EvalOutput:
         """The batch's problems sampled and graded; answers and correctness are ``[problems][n]``."""
         return grade_request(request)

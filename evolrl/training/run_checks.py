@@ -1,8 +1,7 @@
-"""What stops a run: settings that cannot run together, checked at start (:func:`check_run`, a usage error), and
-what a step's numbers say: rewards without variance (a warning, counted over the run and kept in checkpoints), and
-the causes that stop it, as errors that name the step, the cause and what to do (a non-finite reward, too many
-skipped optimizer steps in a row). ``python -m evolrl`` prints a :class:`TrainingStopped` as one line and exits 1;
-the checkpoints saved so far are left as they were."""
+"""What a step's numbers say about the run: rewards without variance (a warning, counted over the run and kept in
+checkpoints), and the causes that stop it, as errors that name the step, the cause and what to do (a non-finite
+reward, too many skipped optimizer steps in a row). ``python -m evolrl`` prints a :class:`TrainingStopped` as one line
+and exits 1; the checkpoints saved so far are left as they were. Settings that cannot run together: ``run_check.py``."""
 
 from __future__ import annotations
 
@@ -10,24 +9,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from evolrl.rollout.remote import check_placement, trainer_gpus
-from evolrl.rollout.sampler import check_engine
 from evolrl.types import RewardOutput
-
-
-def check_run(module, data, trainer) -> None:
-    """Every rule between the settings of the module, the data module and the trainer, each written here once: a
-    SettingError naming the setting. ``python -m evolrl fit`` calls it before any model loads, the module's ``setup``
-    when the classes are used without the CLI. The reward's rules come first: what it cannot run with at all (a
-    sampler process, a lag) is the error to read before one about that setting's own values."""
-    module.reward_hooks.check(module, data, trainer)
-    if hasattr(data, "rollouts"):  # a data module that samples, not recorded rollouts
-        check_engine(module.mismatch_correction, data.rollouts.engine, data.max_staleness)
-        if data.sampler_process is not None and data.supply.remote is None:  # against the trainer's devices, before
-            # the process starts (once started, this process no longer runs on the sampler's cores)
-            check_placement(data.sampler_process, trainer.world_size, trainer_gpus(trainer))
-        if module.overlong is not None:  # its buffer against the sampling budget
-            module.overlong.check(data.rollouts.sampling.max_new_tokens)
 
 
 class FlatRewardCheck:
