@@ -23,9 +23,15 @@ def reward_context(module: Any, data: Any, trainer: Any) -> RewardContext:
     settings = {"max_staleness": getattr(data, "max_staleness", 0), "sampler_process": getattr(data, "sampler_process",
                 None), "strategy": strategy, "sharded": "FSDP" in strategy or "ModelParallel" in strategy,
                 "overlong": getattr(module, "overlong", None)}
+    rollouts = getattr(data, "rollouts", None)
+    engine = getattr(rollouts, "engine", None)
+    settings.update(engine=type(engine).__name__ if engine is not None else None,
+                    sampler_logprobs=getattr(engine, "reports_logprobs", None),
+                    vote_samples=getattr(rollouts, "vote_samples", None))
     return RewardContext(run_dir=Path(trainer.default_root_dir), seed=data.seeds.seed if samples else 0,
                          rank=trainer.global_rank, world_size=trainer.world_size, model=module.policy,
-                         sampler=data if samples else None, settings=settings, say=say,
+                         sampler=data if samples else None, tokenizer=getattr(data, "tokenizer", None),
+                         settings=settings, say=say,
                          stop_point=partial(stop_point, trainer))
 
 

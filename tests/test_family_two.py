@@ -268,7 +268,7 @@ def overlay_run(tmp_path: Path, model: str, method: str, steps: int = 2, extra: 
     own.write_text(yaml.safe_dump({"trainer": {"default_root_dir": str(tmp_path), "logger": {
         "class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {"save_dir": str(tmp_path)}}}}))
     args = ["fit", "--config", str(tmp_path / "config.yaml")]
-    for name in OVERLAYS[method]:
+    for name in OVERLAYS.get(method, [f"demo_{method}"]):  # another method: its own overlay
         args += ["--config", str(ROOT / "configs" / f"{name}.yaml")]
     return [*args, "--config", str(own)]
 

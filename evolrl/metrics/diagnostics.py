@@ -19,7 +19,7 @@ from evolrl.types import RewardOutput
 ZERO_VARIANCE_ATOL = 1e-8
 
 READS = ("valid", "majority", "answer_class", "trailing", "novelty", "novelty_spread", "gated", "penalized",
-         "label_weight", "prompt_weight", "teacher_share", "reframed_share")
+         "label_weight", "prompt_weight", "teacher_share", "reframed_share", "subgroup_size")
 """The components the diagnostics read, from whichever reward declares them (the answer-reading rewards all declare
 the first four)."""
 
@@ -68,8 +68,9 @@ def label_free_diagnostics(
         stats["gated_groups"] = parts["gated"].any(dim=1).float().mean().item()
     if "penalized" in parts:  # RESTRAIN's groups under min_majority
         stats["penalized_groups"] = parts["penalized"].any(dim=1).float().mean().item()
-    # per prompt: RESTRAIN's u, Co-rewarding's teacher vote, Self-Harmony's rewrite agreeing with the label
-    for name in ("prompt_weight", "teacher_share", "reframed_share"):
+    # per prompt: RESTRAIN's u, Co-rewarding's teacher vote, Self-Harmony's rewrite agreeing with the label, SCOPE's
+    # subgroup size
+    for name in ("prompt_weight", "teacher_share", "reframed_share", "subgroup_size"):
         if name in parts:
             stats[f"{name}_mean"] = parts[name][:, 0].float().mean().item()
     if "label_weight" in parts and "answer_class" in parts and (parts["answer_class"] >= 0).any():

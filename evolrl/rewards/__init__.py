@@ -21,8 +21,9 @@ interface and its hooks, ``context.py`` the :class:`RewardContext` they are give
   rewards that read it (:class:`PolicyReward`);
 * the other label-free methods, one each: ``self_certainty_reward.py`` (Intuitor), ``token_entropy_reward.py``
   (RENT), ``semantic_entropy_reward.py`` (EMPO), ``self_harmony_reward.py`` (Self-Harmony, which samples the
-  policy's own rewrites through the run's context); ``restrain/`` (RESTRAIN, with its prompt-weight pass) and
-  ``co_rewarding/`` (Co-rewarding II, with its EMA teacher): rewards with state, written against the hooks alone.
+  policy's own rewrites through the run's context); ``restrain/`` (RESTRAIN, with its prompt-weight pass),
+  ``co_rewarding/`` (Co-rewarding II, with its EMA teacher) and ``scope/`` (SCOPE, with its confidence and subgroup
+  search): rewards written against the hooks alone.
 """
 
 from evolrl.rewards.answer_rules import AnswerRules
@@ -46,6 +47,7 @@ from evolrl.rewards.novelty import band_rewards, novelty_spread, novelty_values
 from evolrl.rewards.novelty_bands import NoveltyBands
 from evolrl.rewards.policy_signal import PolicyReward, PolicySignal
 from evolrl.rewards.restrain import PromptWeights, RestrainReward
+from evolrl.rewards.scope import ScopeReward
 from evolrl.rewards.self_certainty_reward import SelfCertaintyReward
 from evolrl.rewards.self_harmony_reward import SelfHarmonyReward
 from evolrl.rewards.semantic_entropy_reward import SemanticEntropyReward
@@ -71,6 +73,7 @@ __all__ = [
     "Reward",
     "RewardContext",
     "RestrainReward",
+    "ScopeReward",
     "SelfCertaintyReward",
     "SelfHarmonyReward",
     "SemanticEntropyReward",

@@ -41,9 +41,13 @@ class RewardContext:
     sampler: Any = None
     """The run's rollout side where it samples in this process (the data module's ``Rollouts`` and prompts); ``None``
     for recorded rollouts or a sampler process."""
+    tokenizer: Any = None
+    """The policy's tokenizer once the data module is set up (from :meth:`Reward.start` on): what turns a group's
+    ``response_ids`` into text token by token."""
     settings: dict[str, Any] = field(default_factory=dict)
-    """The run's settings a reward may be checked against: ``max_staleness``, ``sampler_process`` (bool),
-    ``sharded`` (bool), ``overlong`` (the shaping object or ``None``)."""
+    """The run's settings a reward may be checked against: ``max_staleness``, ``sampler_process``, ``sharded``
+    (bool), ``overlong`` (the shaping object or ``None``), ``engine`` (its class name), ``sampler_logprobs`` (whether
+    it reports each sampled token's log-prob), ``vote_samples`` (V); ``None`` where the run does not sample."""
     say: Callable[[str], None] = print
     """Rank 0's lines to the user (a no-op elsewhere)."""
     stop_point: Callable[[str], None] = lambda what: None
