@@ -5,8 +5,10 @@ problems a training problem reordered, all 4 examples held-out problems), so it 
 from __future__ import annotations
 
 from itertools import combinations_with_replacement
+from pathlib import Path
 
 import pytest
+import yaml
 
 from evolrl.data import AdditionPrompts, Excluding, numbers_of
 from evolrl.settings import SettingError
@@ -86,3 +88,24 @@ def test_study_five_runs_the_probed_candidates():
         picked = REASONING["chain"][name]
         assert picked["data"]["examples"] == DISJOINT_3
         assert {"count": count, "seed": 1, **picked["source"]["init_args"]}.items() <= source["init_args"].items()
+
+
+def test_the_study_five_arms_differ_in_their_reward_alone():
+    """configs/study5_compare.yaml's arms, resolved as ``fit`` composes them: beyond the reward (and the logger's
+    name), the same run; the two EVOL-RL arms differ in the small-spread floor alone."""
+    spec = yaml.safe_load((Path(__file__).parent.parent / "configs/study5_compare.yaml").read_text())
+    assert spec["configs"] == STUDY5 and spec["seeds"] == [0, 1, 2, 3] and spec["rule"]["baseline"] == "ttrl"
+    runs = {arm: disjoint.resolve(spec["configs"] + items) for arm, items in spec["arms"].items()}
+    rewards = {arm: run["model"].pop("reward") for arm, run in runs.items()}
+    for run in runs.values():
+        run["trainer"].pop("logger")
+    assert runs["ttrl"] == runs["evol"] == runs["evol_floor"]
+    assert runs["evol"]["trainer"]["limit_train_batches"] == 60 and runs["evol"]["trainer"]["precision"] == "32-true"
+    ttrl, evol, floor = rewards["ttrl"], rewards["evol"], rewards["evol_floor"]
+    assert ttrl["class_path"] == "evolrl.rewards.MajorityVoteReward"
+    assert evol["class_path"] == "evolrl.rewards.EvolReward"
+    assert evol["init_args"]["novelty"] == ttrl["init_args"]["watch_novelty"]  # novelty read alike, watched by TTRL
+    assert evol["init_args"]["novelty"]["init_args"]["min_spread"] is None  # the paper's min-max bands
+    assert floor["init_args"]["novelty"]["init_args"].pop("min_spread") == 0.1
+    evol["init_args"]["novelty"]["init_args"].pop("min_spread")
+    assert floor == evol

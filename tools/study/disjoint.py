@@ -24,8 +24,9 @@ from tools.common import ROOT
 
 
 def resolve(configs: list[str]) -> dict:
-    """The whole config ``python -m evolrl fit`` composes from ``configs``."""
-    args = [sys.executable, "-m", "evolrl", "fit", "--print_config"] + [a for c in configs for a in ("--config", c)]
+    """The whole config ``python -m evolrl fit`` composes from ``configs``: files, and ``--key=value`` settings."""
+    args = [sys.executable, "-m", "evolrl", "fit", "--print_config"]
+    args += [a for c in configs for a in ((c,) if c.startswith("--") else ("--config", c))]
     result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if result.returncode:
