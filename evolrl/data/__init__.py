@@ -4,7 +4,7 @@ from evolrl.data.benchmarks import Benchmark
 from evolrl.data.chat import PAPER_SYSTEM_PROMPT, Example, render_prompt
 from evolrl.data.datamodule import RolloutDataModule
 from evolrl.data.eval_set import EvalSet
-from evolrl.data.generated import AdditionPrompts, Excluding
+from evolrl.data.generated import AdditionPrompts, Excluding, numbers_of
 from evolrl.data.requests import RolloutRequest
 from evolrl.data.sources import DataError, HubDataset, PromptFile, PromptSource
 from evolrl.data.word_problems import WordProblems
@@ -23,5 +23,6 @@ __all__ = [
     "RolloutDataModule",
     "RolloutRequest",
     "WordProblems",
+    "numbers_of",
     "render_prompt",
 ]

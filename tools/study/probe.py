@@ -62,11 +62,13 @@ def _word(steps: int, max_number: int, system_prompt: str | None) -> dict:
             "data": {"system_prompt": system_prompt}, "sampling": {"max_new_tokens": 192}}
 
 
-def _chain(examples: list[dict], terms: int, max_operand: int, min_operand: int = 0, distinct: bool = False) -> dict:
+def _chain(examples: list[dict], terms: int, max_operand: int, min_operand: int = 0, distinct: bool = False,
+           distinct_numbers: bool = False) -> dict:
     return {"source": {"class_path": "evolrl.data.AdditionPrompts",
                        # the question alone: an instruction left empty here would keep the demo's (config merge)
                        "init_args": {"terms": terms, "max_operand": max_operand, "min_operand": min_operand,
-                                     "instruction": "", **({"distinct": True} if distinct else {})}},
+                                     "instruction": "", **({"distinct": True} if distinct else {}),
+                                     **({"distinct_numbers": True} if distinct_numbers else {})}},
             "data": {"system_prompt": None, "examples": examples, "max_prompt_tokens": 512},  # the examples' turns
             "sampling": {"max_new_tokens": 64, "stop": ["</answer>"]}}
 
@@ -81,6 +83,12 @@ ORDERS_4 = [shown((3, 8, 4, 6), "3 + 8 = 11. 11 + 4 = 15. 15 + 6 = 21."),  # lef
             shown((7, 2, 9, 5), "7 + 2 = 9. 9 + 5 = 14. 9 + 14 = 23."),  # in pairs
             shown((5, 6, 1, 8), "1 + 8 = 9. 6 + 9 = 15. 5 + 15 = 20."),  # right to left
             shown((4, 9, 2, 7), "9 + 7 = 16. 16 + 4 = 20. 20 + 2 = 22.")]  # the largest first
+DISJOINT_3 = [shown((3, 5, 2), "3 + 5 = 8. 8 + 2 = 10."),  # left to right
+              shown((1, 6, 5), "6 + 5 = 11. 11 + 1 = 12."),  # the last two first
+              shown((6, 1, 2), "6 + 2 = 8. 8 + 1 = 9."),  # the first and the last first
+              shown((3, 4, 6), "4 + 6 = 10. 10 + 3 = 13.")]  # the two largest first
+"""Study V's worked examples: multisets that neither candidate holds out (configs/study5.yaml keeps them out of
+training)."""
 REASONING = {
     "word": {
         "2 steps, 1-9, step-by-step system prompt": _word(2, 9, STEP_BY_STEP),
@@ -109,6 +117,11 @@ REASONING = {
             terms=3, max_operand=5, min_operand=1, distinct=True),
         "3 terms, 1-9, four worked examples in different orders": _chain(
             ORDERS_3, terms=3, max_operand=9, min_operand=1, distinct=True),
+        # Study V's first round (docs/study.md): one order of each held-out multiset, the examples in neither set.
+        "3 terms, 1-6, one order per multiset, four worked examples in neither set": _chain(
+            DISJOINT_3, terms=3, max_operand=6, min_operand=1, distinct_numbers=True),
+        "3 terms, 1-7, one order per multiset, four worked examples in neither set": _chain(
+            DISJOINT_3, terms=3, max_operand=7, min_operand=1, distinct_numbers=True),
     },
 }
 """Candidate reasoning tasks of ``probe --task word|chain``: each a prompt source, data settings (the system prompt,
