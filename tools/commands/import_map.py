@@ -65,7 +65,7 @@ def mermaid(graph: dict[str, set[str]]) -> str:
     lines = ["```mermaid", "flowchart TD"]
     lines += [f'  {short[p]}["{label[p]}"]' for p in order]
     lines += [f"  {short[a]} --> {short[b]}" for a in order for b in sorted(reduced(graph)[a], key=order.index)]
-    lines += ["```", "", "| part | imports (every arrow, the implied ones too) |", "|---|---|"]
+    lines += ["```", "", "| part | every part it imports |", "|---|---|"]
     lines += [f"| `{label[p]}` | {', '.join(f'`{label[q]}`' for q in sorted(graph[p], key=order.index)) or '-'} |"
               for p in order]
     return "\n".join(lines)
@@ -74,7 +74,7 @@ def mermaid(graph: dict[str, set[str]]) -> str:
 def written(doc: str, diagram: str) -> str:
     """``doc`` with ``diagram`` between its two markers."""
     head, rest = doc.split(START, 1)
-    return f"{head}{START}\n{diagram}\n{END}{rest.split(END, 1)[1]}"
+    return f"{head}{START}\n\n{diagram}\n\n{END}{rest.split(END, 1)[1]}"
 
 
 def main() -> None:
