@@ -47,6 +47,14 @@ from evolrl.upgrade import moved_keys
 
 
 class EvolRLCLI(LightningCLI):
+    def __init__(self, *args, **kwargs) -> None:
+        self.lock: RunLock | None = None  # the checkpoint directory's, taken by ``before_fit``
+        try:
+            super().__init__(*args, **kwargs)  # parses, builds, and runs the subcommand
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+
     def parse_arguments(self, parser, args) -> None:
         # A key that moved gets an error naming its new place (evolrl.upgrade), not jsonargparse's "not expected".
         if isinstance(args, (dict, Namespace)):  # a configuration as an object: nothing written to read
@@ -92,37 +100,41 @@ class EvolRLCLI(LightningCLI):
 
     def _parse_ckpt_path(self) -> None:
         """Nothing: LightningCLI would parse a checkpoint file's hyper-parameters over the configuration and the command
-        line; a resumed run here uses what it is given, and ``fit`` lists what differs (``job.resume_point``)."""
+        line; a resumed run here uses what it is given, and ``fit`` lists what differs (``job.resume_point``). The one
+        private method overridden (no public switch): tests/test_lightning_api.py fails on a release that changes it."""
 
-    def _instantiate_trainer(self, config: dict, callbacks: list) -> Trainer:
+    def instantiate_trainer(self, **kwargs) -> Trainer:
+        """The trainer, and for ``fit`` what a cluster job adds to it (``job.job_parts``), with checkpoints under
+        ``<default_root_dir>/checkpoints``."""
         if self.subcommand != "fit":
-            return super()._instantiate_trainer(config, callbacks)
+            return super().instantiate_trainer(**kwargs)
+        config = {**(self.config_init["fit"].get("trainer") or {}), **kwargs}
+        given_callbacks = config.get("callbacks") or []
+        config["callbacks"] = given_callbacks if isinstance(given_callbacks, list) else [given_callbacks]
         settings = yaml.safe_load(self.parser.dump(self.config, skip_link_targets=False, skip_none=False))["fit"]
         given = getattr(self, "given_args", [])  # none where the configuration came as an object
-        trainer = super()._instantiate_trainer(config, [*callbacks, *job_parts(config, settings, given)])
+        parts = job_parts(config, settings, given)  # may add a plugin to config
+        trainer = super().instantiate_trainer(**{**kwargs, "plugins": config.get("plugins"),
+                                                 "callbacks": [*config["callbacks"], *parts]})
         own_checkpoint_dir(trainer)
         self.settings = settings
         return trainer
 
-    def _run_subcommand(self, subcommand: str) -> None:
-        if subcommand != "fit":
-            return super()._run_subcommand(subcommand)
+    def before_fit(self) -> None:
+        """Checks and locks the checkpoint directory (held until the CLI returns), and resolves ``--ckpt_path``: the
+        newest checkpoint for ``last``, the settings that differ listed, a change its tensors cannot take refused."""
         directory = checkpoint_dir(self.trainer)
-        lock = RunLock(directory)
         if rank_zero_only.rank == 0:  # one process checks and holds the directory
             check_writable(directory)
-            lock.acquire()
-        try:
-            path, changes = resume_point(self.config_init["fit"].get("ckpt_path"), directory, self.settings,
-                                         dict(self.model.hparams), self.config_init["fit"].get("weights_only"))
-            bad = refused(changes)
-            if bad:
-                self.parser.error("; ".join(f"{key}={new!r} cannot resume {path}, saved with {key}={old!r}"
-                                            for key, old, new in bad) + ": its tensors have that setting's shape")
-            self.config_init["fit"]["ckpt_path"] = str(path) if path is not None else None
-            super()._run_subcommand(subcommand)
-        finally:
-            lock.release()
+            self.lock = RunLock(directory)
+            self.lock.acquire()
+        path, changes = resume_point(self.config_init["fit"].get("ckpt_path"), directory, self.settings,
+                                     dict(self.model.hparams), self.config_init["fit"].get("weights_only"))
+        bad = refused(changes)
+        if bad:
+            self.parser.error("; ".join(f"{key}={new!r} cannot resume {path}, saved with {key}={old!r}"
+                                        for key, old, new in bad) + ": its tensors have that setting's shape")
+        self.config_init["fit"]["ckpt_path"] = str(path) if path is not None else None
 
 
 CLASS_PATH = re.compile(r"[A-Za-z_][\w.]*\.[A-Z]\w*")

@@ -697,6 +697,8 @@ def test_a_moved_key_names_its_new_place(tmp_path, monkeypatch, capsys):
                              ("data.eval_sets.0.init_args.grader.init_args.fallback_rule",
                               "data.eval_sets.*.init_args.grader.init_args.answers.fallback_rule")]:
         assert f"{old_key} moved to {new_key}" in err, err
+    listed = err.split(" lists every moved key")[0].rsplit("(", 1)[1]  # the file the error sends the user to
+    assert (CONFIGS.parent / listed).is_file(), listed
 
 
 def test_a_lora_target_the_model_lacks_stops_fit_before_the_weights_load(tmp_path, monkeypatch, tiny_model, capsys):
