@@ -1,0 +1,77 @@
+"""What a run ran on, kept beside its curves: ``run_record.jsonl`` in the logger's directory, one line per start and
+one when ``fit`` ends normally.
+
+A comparison of methods must be able to say that the arms of a seed ran the same code on the same kind of processor
+(Study IV's seed 1 did not), and whether a run finished, whoever started it (``evolrl compare run`` or a cluster job
+running the lines ``evolrl compare commands`` prints). So ``fit`` itself writes the record, not the tool around it:
+each start's commit, processor, host and checkpoint, and at the end the step reached. A run without a logger has no
+directory of its own to write into and records nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+RECORD = "run_record.jsonl"
+CHECKOUT = Path(__file__).resolve().parent.parent.parent
+"""The checkout ``evolrl`` is imported from (the repository root in a development install)."""
+
+
+def commit(root: Path = CHECKOUT) -> str:
+    """The checkout's commit, ``+changes`` when tracked files differ from it; ``unknown`` outside a git checkout (an
+    installed wheel)."""
+    try:
+        head, dirty = (subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                                      check=True).stdout.strip()
+                       for args in (["rev-parse", "--short", "HEAD"],
+                                    ["status", "--porcelain", "--untracked-files=no"]))
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
+
+
+def processor() -> str:
+    """The CPU's model name (``/proc/cpuinfo``, else ``platform``), and each visible GPU's name after it."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return "; ".join([cpu, *(torch.cuda.get_device_name(i) for i in range(count))])
+
+
+def record(directory: str | Path | None, **fields) -> None:
+    """Appends one line (``fields``, with the time) to the run's record in ``directory``; nothing without one."""
+    if not directory:
+        return
+    path = Path(directory) / RECORD
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as out:
+        out.write(json.dumps({"time": time.strftime("%Y-%m-%d %H:%M:%S"), **fields}) + "\n")
+
+
+def start_fields(checkpoint: Path | None) -> dict:
+    """A start's line: the commit, processor and host it ran on and the checkpoint it went on from."""
+    return {"event": "start", "commit": commit(), "processor": processor(), "host": socket.gethostname(),
+            "from": None if checkpoint is None else str(checkpoint)}
+
+
+def read_record(directory: Path) -> list[dict]:
+    """The lines of the run's record in ``directory``; none where it has none."""
+    path = Path(directory) / RECORD
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def finished(directory: Path) -> bool:
+    """Whether the run in ``directory`` ended normally after its last start."""
+    lines = read_record(directory)
+    return bool(lines) and lines[-1]["event"] == "end"
