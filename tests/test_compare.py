@@ -154,3 +154,20 @@ def test_the_bootstrap_over_seeds_and_problems_widens_where_the_seeds_disagree()
     arm, base = [{"p1": 1.0, "p2": 0.5}, {"p1": 0.0, "p2": 1.0}], [{"p1": 0.5, "p2": 0.5, "p3": 1.0}] * 2
     matrix, names = differences(arm, base)
     assert names == ["p1", "p2"] and matrix.tolist() == [[0.5, 0.0], [-0.5, 0.5]]
+
+
+def test_the_readme_comparison_of_the_demo_plans_arms_that_differ_where_the_ttrl_overlay_says(tmp_path):
+    """configs/compare_demo.yaml, planned as the README says (into another folder): four runs, the demo's held-out
+    set, and per seed the two arms differ in the TTRL overlay's settings and the run's own folder, nothing else."""
+    out = compare("plan", "--config", "configs/compare_demo.yaml", "--out", str(tmp_path), cwd=ROOT)
+    assert "2 arms x 2 seeds = 4 runs" in out
+    runs = json.loads((tmp_path / "plan.json").read_text())["runs"]
+    from evolrl.compare.resolve import changes
+
+    keys = {line.split(":")[0] for line in changes(runs["evol/seed0"], runs["ttrl/seed0"])}
+    assert {k for k in keys if not k.startswith(("model.reward", "model.loss"))} == {
+        "trainer.default_root_dir", "trainer.logger.init_args.save_dir"}
+    assert {"model.reward.class_path", "model.loss.entropy_coef",
+            "model.loss.policy_loss.init_args.clip_high"} <= keys
+    seeds = {line.split(":")[0] for line in changes(runs["ttrl/seed0"], runs["ttrl/seed1"])}
+    assert seeds == {"seed_everything", "data.seed", "trainer.default_root_dir", "trainer.logger.init_args.save_dir"}
