@@ -230,9 +230,11 @@ TOP_LEVEL = {
     "prog": "python -m evolrl",
     "description": "EVOL-RL and the other label-free rewards on PyTorch Lightning (README.md).",
     "epilog": "python -m evolrl export CHECKPOINT OUT_DIR turns a checkpoint into a Hugging Face model directory "
-              "(python -m evolrl export --help).",
+              "(python -m evolrl export --help); python -m evolrl compare plan|run|commands|report compares methods "
+              "over seeds (python -m evolrl compare --help).",
 }
-"""The top-level ``--help``: ``export`` is not a Trainer method, so LightningCLI does not list it as a subcommand."""
+"""The top-level ``--help``: ``export`` and ``compare`` are not Trainer methods, so LightningCLI does not list them as
+subcommands."""
 
 
 def main(args: list[str] | None = None, run: bool = True, cli: type[EvolRLCLI] = EvolRLCLI) -> EvolRLCLI:

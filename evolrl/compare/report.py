@@ -24,7 +24,7 @@ from evolrl.compare.curves import mean_sd, read_scalars, table
 from evolrl.compare.paired import bootstrap, differences, last_responses, outcome, per_problem, read_rows
 from evolrl.compare.plan import run_dir, run_keys
 from evolrl.compare.resolve import IGNORED, changes
-from evolrl.compare.spec import METRIC
+from evolrl.compare.spec import METRIC, CompareError
 
 FIGURE = "curves.png"
 
@@ -91,6 +91,16 @@ def at_evaluations(plan: dict, scalars: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
+def scored(run: Path, metric: str, eval_set: str) -> dict[str, float]:
+    """``{problem: metric}`` at the run's last evaluation; a :class:`CompareError` where it wrote no responses."""
+    path = last_responses(run)
+    scores = per_problem(read_rows(path), metric, eval_set) if path is not None else {}
+    if not scores:
+        raise CompareError(f"compare report: {run} holds no held-out responses of {eval_set!r} "
+                           "(val_responses_step*.jsonl, written by evolrl.callbacks.EvalResponses)")
+    return scores
+
+
 def rule_section(plan: dict, out: Path, states: dict) -> list[str]:
     """Each arm against the baseline, paired (module docstring), and the rule's outcome."""
     rule, base = plan["rule"], plan["rule"]["baseline"]
@@ -108,8 +118,7 @@ def rule_section(plan: dict, out: Path, states: dict) -> list[str]:
         if not seeds:
             rows.append([arm, 0, "-", "-", "-", "-", "no seed finished in both arms"])
             continue
-        scores = {a: [per_problem(read_rows(last_responses(run_dir(out, a, s))), rule["metric"], plan["eval_set"])
-                      for s in seeds] for a in (arm, base)}
+        scores = {a: [scored(run_dir(out, a, s), rule["metric"], plan["eval_set"]) for s in seeds] for a in (arm, base)}
         matrix, problems = differences(scores[arm], scores[base])
         gap, low, high = bootstrap(matrix, rule["resamples"], rule["confidence"])
         shown = outcome(gap, low, high, rule["direction"], rule["threshold"])
