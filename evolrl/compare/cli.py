@@ -15,7 +15,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from jsonargparse import ActionConfigFile, ArgumentParser
+from argparse import RawDescriptionHelpFormatter
+
+from jsonargparse import ActionConfigFile, ArgumentParser, DefaultHelpFormatter
 
 from evolrl.compare.spec import CompareError, Rule, Spec
 
@@ -27,8 +29,12 @@ SUBCOMMANDS = {
 }
 
 
+class _Help(DefaultHelpFormatter, RawDescriptionHelpFormatter):
+    """jsonargparse's help, with the description's lines kept as written (the commands above)."""
+
+
 def parser() -> ArgumentParser:
-    top = ArgumentParser(prog="python -m evolrl compare", description=__doc__)
+    top = ArgumentParser(prog="python -m evolrl compare", description=__doc__, formatter_class=_Help)
     subcommands = top.add_subcommands(dest="subcommand")
     for name, help_ in SUBCOMMANDS.items():
         sub = ArgumentParser(description=help_)

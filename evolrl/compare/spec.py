@@ -78,9 +78,11 @@ class Spec:
             for item in items:
                 if not isinstance(item, str) or not item:
                     bad(f"arms.{name}", item, "a path of an overlay config or a --key=value setting")
-        for path in self.configs + [i for items in self.arms.values() for i in items if not i.startswith("--")]:
+                if not item.startswith("--") and not Path(item).is_file():
+                    bad(f"arms.{name}", item, f"no such file (from {Path.cwd()}); a setting starts with --")
+        for path in self.configs:
             if not Path(path).is_file():
-                bad("configs" if path in self.configs else "arms", path, "no such file")
+                bad("configs", path, f"no such file (from {Path.cwd()})")
         if not self.seeds or len(set(self.seeds)) < len(self.seeds):
             bad("seeds", self.seeds, "one or more seeds, each once")
         if not METRIC.fullmatch(self.rule.metric):
