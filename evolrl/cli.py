@@ -10,8 +10,7 @@ Every class (reward, embedder, engine, prompt source, logger, callbacks) is chos
 atomically; the directory is checked and locked at start; ``--ckpt_path last`` is the newest checkpoint there, or
 step 0 with a line saying so; a resumed run uses the settings given now and lists those that differ from the
 checkpoint's; SIGTERM/SIGUSR1 save ``last.ckpt`` and exit ``128 + signal``; without a terminal, progress comes as
-lines; a run that cannot go on (a non-finite reward, a failed save) ends with one line and exit 1. Each start and a
-normal end are recorded in the logger's directory (``run_record.jsonl``: commit, processor, host).
+lines; a run that cannot go on (a non-finite reward, a failed save) ends with one line and exit 1.
 """
 
 from __future__ import annotations
@@ -37,7 +36,6 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from evolrl import cpu_bf16
 from evolrl.checkpoints import CheckpointError, RunLock, check_writable, checkpoint_dir, refused
 from evolrl.checkpoints.job import job_parts, own_checkpoint_dir, resume_point
-from evolrl.checkpoints.record import record, start_fields
 from evolrl.data.datamodule import RolloutDataModule
 from evolrl.rollout.ranks import RankFailed
 from evolrl.rollout.remote import SamplerFailed
@@ -137,14 +135,6 @@ class EvolRLCLI(LightningCLI):
             self.parser.error("; ".join(f"{key}={new!r} cannot resume {path}, saved with {key}={old!r}"
                                         for key, old, new in bad) + ": its tensors have that setting's shape")
         self.config_init["fit"]["ckpt_path"] = str(path) if path is not None else None
-        # The first logger's directory, on rank zero alone (``trainer.log_dir`` would broadcast, a collective).
-        first = self.trainer.loggers[0] if self.trainer.loggers and rank_zero_only.rank == 0 else None
-        self.run_log = getattr(first, "log_dir", None)
-        record(self.run_log, **start_fields(path))
-
-    def after_fit(self) -> None:
-        """The run's end in its record (``checkpoints.record``): ``fit`` returned, not stopped by a signal or error."""
-        record(self.run_log, event="end", step=self.trainer.global_step)
 
 
 CLASS_PATH = re.compile(r"[A-Za-z_][\w.]*\.[A-Z]\w*")
@@ -229,18 +219,15 @@ def quiet_start() -> None:
 TOP_LEVEL = {
     "prog": "python -m evolrl",
     "description": "EVOL-RL and the other label-free rewards on PyTorch Lightning (README.md).",
-    "epilog": "python -m evolrl export CHECKPOINT OUT_DIR turns a checkpoint into a Hugging Face model directory "
-              "(python -m evolrl export --help); python -m evolrl compare plan|run|commands|report compares methods "
-              "over seeds (python -m evolrl compare --help).",
+    "epilog": "python -m evolrl export CHECKPOINT OUT_DIR turns a checkpoint into a Hugging Face model directory; "
+              "python -m evolrl compare plan|run|commands|report compares methods over seeds (each: --help).",
 }
-"""The top-level ``--help``: ``export`` and ``compare`` are not Trainer methods, so LightningCLI does not list them as
-subcommands."""
+"""The top-level ``--help``: ``export`` and ``compare`` are not Trainer methods, so LightningCLI does not list them."""
 
 
 def main(args: list[str] | None = None, run: bool = True, cli: type[EvolRLCLI] = EvolRLCLI) -> EvolRLCLI:
     """The CLI on ``args`` (default: the command line); ``run=False`` only builds the module, data module and trainer
-    from ``args`` without a subcommand (tools that must set up exactly what ``fit`` would); ``cli``: a subclass that
-    stops earlier (``evolrl.compare.resolve`` stops before anything is built)."""
+    from ``args`` without a subcommand (what ``fit`` would); ``cli``: a subclass (``compare.resolve``: parse only)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     quiet_start()
     set_parsing_settings(docstring_parse_attribute_docstrings=True)  # dataclass field docs in --help

@@ -1,5 +1,5 @@
 """What a run ran on, kept beside its curves: ``run_record.jsonl`` in the logger's directory, one line per start and
-one when ``fit`` ends normally.
+one when ``fit`` ends normally (``RunRecord``, a callback ``python -m evolrl fit`` adds).
 
 A comparison of methods must be able to say that the arms of a seed ran the same code on the same kind of processor
 (Study IV's seed 1 did not), and whether a run finished, whoever started it (``evolrl compare run`` or a cluster job
@@ -16,6 +16,8 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+
+import lightning as L
 
 RECORD = "run_record.jsonl"
 CHECKOUT = Path(__file__).resolve().parent.parent.parent
@@ -59,10 +61,24 @@ def record(directory: str | Path | None, **fields) -> None:
         out.write(json.dumps({"time": time.strftime("%Y-%m-%d %H:%M:%S"), **fields}) + "\n")
 
 
-def start_fields(checkpoint: Path | None) -> dict:
-    """A start's line: the commit, processor and host it ran on and the checkpoint it went on from."""
-    return {"event": "start", "commit": commit(), "processor": processor(), "host": socket.gethostname(),
-            "from": None if checkpoint is None else str(checkpoint)}
+class RunRecord(L.Callback):
+    """Each start of ``fit`` (its commit, processor, host and the checkpoint it went on from) and its normal end (the
+    step reached) in ``run_record.jsonl`` in the first logger's directory; rank zero writes. A run stopped by a signal
+    or an error never reaches ``on_fit_end``, so its last line stays a start."""
+
+    def __init__(self) -> None:
+        self.directory: str | None = None
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        # The logger's own directory: ``trainer.log_dir`` would broadcast, and only rank zero asks.
+        first = trainer.loggers[0] if trainer.loggers and trainer.is_global_zero else None
+        self.directory = getattr(first, "log_dir", None)
+        checkpoint = None if trainer.ckpt_path is None else str(trainer.ckpt_path)
+        record(self.directory, **{"event": "start", "commit": commit(), "processor": processor(),
+                                  "host": socket.gethostname(), "from": checkpoint})
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        record(self.directory, event="end", step=trainer.global_step)
 
 
 def read_record(directory: Path) -> list[dict]:
