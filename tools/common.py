@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from evolrl.checkpoints.record import commit as checkout_commit
+from evolrl.provenance import commit as checkout_commit
 from evolrl.compare.curves import read_scalars, table
 
 __all__ = ["ROOT", "commit", "failure_report", "free_port", "matmul_peak", "pass_on_sigterm", "read_scalars",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from evolrl.checkpoints.record import commit
+from evolrl.provenance import commit
 from evolrl.compare.resolve import changes, class_names, resolve, run_settings
 from evolrl.compare.spec import METRIC, CompareError, Spec, arm_args
 
