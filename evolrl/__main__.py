@@ -11,5 +11,9 @@ if __name__ == "__main__":
         from evolrl.training.export import main as export
 
         export(sys.argv[2:])
+    elif sys.argv[1:2] == ["compare"]:  # runs fit as subprocesses: not a Trainer method either
+        from evolrl.compare.cli import main as compare
+
+        compare(sys.argv[2:])
     else:
         main()

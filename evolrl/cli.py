@@ -219,21 +219,21 @@ def quiet_start() -> None:
 TOP_LEVEL = {
     "prog": "python -m evolrl",
     "description": "EVOL-RL and the other label-free rewards on PyTorch Lightning (README.md).",
-    "epilog": "python -m evolrl export CHECKPOINT OUT_DIR turns a checkpoint into a Hugging Face model directory "
-              "(python -m evolrl export --help).",
+    "epilog": "python -m evolrl export CHECKPOINT OUT_DIR turns a checkpoint into a Hugging Face model directory; "
+              "python -m evolrl compare plan|run|commands|report compares methods over seeds (each: --help).",
 }
-"""The top-level ``--help``: ``export`` is not a Trainer method, so LightningCLI does not list it as a subcommand."""
+"""The top-level ``--help``: ``export`` and ``compare`` are not Trainer methods, so LightningCLI does not list them."""
 
 
-def main(args: list[str] | None = None, run: bool = True) -> EvolRLCLI:
+def main(args: list[str] | None = None, run: bool = True, cli: type[EvolRLCLI] = EvolRLCLI) -> EvolRLCLI:
     """The CLI on ``args`` (default: the command line); ``run=False`` only builds the module, data module and trainer
-    from ``args`` without a subcommand (tools that must set up exactly what ``fit`` would)."""
+    from ``args`` without a subcommand (what ``fit`` would); ``cli``: a subclass (``compare.resolve``: parse only)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     quiet_start()
     set_parsing_settings(docstring_parse_attribute_docstrings=True)  # dataclass field docs in --help
     counts_stay_ints(Trainer.__init__)
     try:
-        return EvolRLCLI(
+        return cli(
             EvolRLModule,
             RolloutDataModule,
             seed_everything_default=0,

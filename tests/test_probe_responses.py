@@ -11,9 +11,9 @@ from evolrl.models import load_tokenizer
 from evolrl.rewards import AnswerRules
 from evolrl.rollout import HFEngine, Sampling
 from evolrl.training import EvolRLModule
+from evolrl.compare.paired import read_rows
 from tools.study.probe_responses import (
     answer_start,
-    read_rows,
     response_measures,
     tokens_before_answer,
     ways_to_majority,

@@ -8,10 +8,15 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from evolrl.provenance import commit as checkout_commit
+from evolrl.compare.curves import read_scalars, table
+
+__all__ = ["ROOT", "commit", "failure_report", "free_port", "matmul_peak", "pass_on_sigterm", "read_scalars",
+           "reset_peak", "status_mib", "table"]
 
 ROOT = Path(__file__).resolve().parent.parent
 """The repository root: the working directory of ``python -m tools....`` children, so that ``tools`` imports."""
@@ -20,13 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def commit() -> str:
     """The checkout's commit, ``+changes`` when tracked files differ from it (what a run or report was made with);
     ``unknown`` outside a git checkout."""
-    try:
-        head, dirty = (subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
-                                      check=True).stdout.strip()
-                       for args in (["rev-parse", "--short", "HEAD"], ["status", "--porcelain", "--untracked-files=no"]))
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+changes" if dirty else "")
+    return checkout_commit(ROOT)
 
 
 def status_mib(field: str = "VmRSS") -> float:
@@ -67,28 +66,6 @@ def matmul_peak(dtype: str, size: int, repeats: int, device: str = "cpu") -> flo
         sync()
         times.append(time.perf_counter() - start)
     return 2 * size**3 / min(times)
-
-
-def read_scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
-    """``{tag: [(step, value), ...]}`` from every TensorBoard event file under ``run`` (a later file wins a step)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    series: dict[str, dict[int, float]] = {}
-    files = sorted(run.rglob("events.out.tfevents.*")) if run.is_dir() else [run]
-    if not files:
-        raise FileNotFoundError(f"no TensorBoard event files under {run}")
-    for file in files:
-        events = EventAccumulator(str(file), size_guidance={"scalars": 0})
-        events.Reload()
-        for tag in events.Tags()["scalars"]:
-            series.setdefault(tag, {}).update({e.step: e.value for e in events.Scalars(tag)})
-    return {tag: sorted(points.items()) for tag, points in series.items()}
-
-
-def table(head: list[str], rows: list) -> list[str]:
-    """The lines of a markdown table (``|---|`` rules, as the docs' tables are pasted)."""
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(map(str, r)) + " |"
-                                                                         for r in rows]
 
 
 EXCEPTION = re.compile(r"^(\[rank\d+\]:\s*)?([\w.]+(Error|Exception|Interrupt)\b.*)")

@@ -16,19 +16,21 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from evolrl.callbacks.progress_lines import LineProgress
 from evolrl.checkpoints.atomic import AtomicCheckpointIO
 from evolrl.checkpoints.preemption import Preemption
+from evolrl.checkpoints.record import RunRecord
 from evolrl.checkpoints.resume import RunConfig, checkpoint_meta, differences, report
 from evolrl.checkpoints.run_dir import newest_checkpoint, own_dir
 
 
 def job_parts(config: dict[str, Any], settings: dict[str, Any], given: list[str]) -> list:
     """The callbacks a trainer built from ``config`` (its keyword arguments) gets, with ``AtomicCheckpointIO`` added to
-    its plugins unless one writes checkpoints: the preemption handler, ``settings`` travelling in checkpoints, and
-    progress as lines where standard output is not a terminal. ``given``: the command line's arguments."""
+    its plugins unless one writes checkpoints: the preemption handler, ``settings`` travelling in checkpoints, the
+    run's record (``record.RunRecord``), and progress as lines where standard output is not a terminal. ``given``: the
+    command line's arguments."""
     plugins = config.get("plugins") or []
     plugins = plugins if isinstance(plugins, list) else [plugins]
     if not any(isinstance(p, CheckpointIO) for p in plugins):
         config["plugins"] = [*plugins, AtomicCheckpointIO()]
-    callbacks = [Preemption(resume_command(given)), RunConfig(settings)]
+    callbacks = [Preemption(resume_command(given)), RunConfig(settings), RunRecord()]
     bar = any(isinstance(c, ProgressBar) for c in config.get("callbacks") or [])
     if config.get("enable_progress_bar", True) is not False and not bar and not sys.stdout.isatty():
         callbacks.append(LineProgress())

@@ -2,8 +2,8 @@
 training problems and its worked examples, by their text and by their numbers (docs/study.md, Study V and Study IV's
 addendum).
 
-The configs are resolved as ``python -m evolrl fit`` composes them (its ``--print_config``); the training source, the
-held-out evaluation set's source and the worked examples (``data.examples``) are loaded from there. Two questions
+The configs are resolved as ``python -m evolrl fit`` composes them (its parser, in this process); the training source,
+the held-out evaluation set's source and the worked examples (``data.examples``) are loaded from there. Two questions
 with the same numbers in any order ("What is 3 + 5 + 4?", "What is 4 + 3 + 5?") are one problem: the same sum, the
 same answer (``evolrl.data.numbers_of``).
 """
@@ -12,26 +12,21 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
-import subprocess
 import sys
 
-import yaml
-
+from evolrl.compare.resolve import resolve as resolve_run
+from evolrl.compare.spec import CompareError, arm_args
 from evolrl.data import numbers_of
 from evolrl.types import Prompt
-from tools.common import ROOT
 
 
 def resolve(configs: list[str]) -> dict:
-    """The whole config ``python -m evolrl fit`` composes from ``configs``: files, and ``--key=value`` settings."""
-    args = [sys.executable, "-m", "evolrl", "fit", "--print_config"]
-    args += [a for c in configs for a in ((c,) if c.startswith("--") else ("--config", c))]
-    result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    if result.returncode:
-        sys.exit(f"python -m evolrl fit --print_config failed:\n{result.stderr[-3000:]}")
-    return yaml.safe_load(result.stdout)
+    """The whole config ``python -m evolrl fit`` composes from ``configs``: files, and ``--key=value`` settings
+    (parsed in this process by ``evolrl.compare.resolve``, as ``compare plan`` resolves an arm)."""
+    try:
+        return resolve_run(arm_args([], configs), "the configs")
+    except CompareError as err:
+        sys.exit(str(err))
 
 
 def build(spec):

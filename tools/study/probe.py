@@ -194,7 +194,8 @@ def probe(a: argparse.Namespace) -> None:
 def probe_reasoning(a: argparse.Namespace) -> None:
     """Each ``REASONING[a.task]`` candidate (or ``--candidates``) at each of ``--samplings``: one validate run each."""
     from evolrl.models import load_tokenizer
-    from tools.study.probe_responses import read_rows, response_measures
+    from evolrl.compare.paired import read_rows
+    from tools.study.probe_responses import response_measures
 
     candidates = REASONING[a.task]
     out = Path(a.out) / f"probe_{a.task}"

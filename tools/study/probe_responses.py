@@ -9,11 +9,9 @@ most frequent true answer), the floor a majority label has to beat.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from collections import Counter
-from pathlib import Path
 
 from evolrl.rewards import AnswerRules
 from evolrl.rewards.answers import answer_boxes, final_part, last_boxed, strip_last_boxed
@@ -39,11 +37,6 @@ def tokens_before_answer(text: str, tokenizer) -> int | None:
     if start is None:
         return None
     return len(tokenizer(text[:start], add_special_tokens=False)["input_ids"])
-
-
-def read_rows(path: Path) -> list[dict]:
-    """The problems of one ``EvalResponses`` file."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
 def ways_to_majority(texts: list[str]) -> int | None:
