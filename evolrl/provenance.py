@@ -9,7 +9,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-CHECKOUT = Path(__file__).resolve().parent.parent.parent
+CHECKOUT = Path(__file__).resolve().parent.parent
 """The checkout ``evolrl`` is imported from (the repository root in a development install)."""
 
 
