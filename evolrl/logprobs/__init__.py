@@ -7,7 +7,8 @@ packed sequences apart (``sequencewise_attention.py``, ``packed_flex.py``), comp
 head fused into the log-softmax (``chunked_head.py``, ``from_logits.py``) and the CPU allocator setting
 (``allocator.py``). The update calls it through four functions, each given the :class:`Passes` settings whole:
 
-* :func:`prepare` and :func:`compiled`: once per model at build, the packed passes' attention and the compiled blocks;
+* :func:`prepare` and :func:`compile_for`: once per model at build, the packed passes' attention, then the
+  compiled blocks;
 * :func:`check`: once at start, on the device, that the model computes what the settings promise;
 * :func:`token_stats`: one pass over a micro-batch.
 """
@@ -30,13 +31,13 @@ from evolrl.logprobs.sequences import Sequences, trained_sequences
 from evolrl.logprobs.shared_prompts import check_shared_prompts, shared_prompt_logprobs
 from evolrl.logprobs.sequencewise_attention import use_sequencewise_attention
 
-__all__ = ["Passes", "Sequences", "check", "compiled", "keep_freed_memory", "prepare", "token_stats",
+__all__ = ["Passes", "Sequences", "check", "compile_for", "keep_freed_memory", "prepare", "token_stats",
            "trained_sequences"]
 
 
 def prepare(model: nn.Module | None, passes: Passes) -> nn.Module | None:
     """``model``'s attention set up for ``passes``: packed rows one sequence at a time (or, with ``flex``, one
-    FlexAttention call per row). Done before a reference is copied from the policy; :func:`compiled` comes last."""
+    FlexAttention call per row). Done before a reference is copied from the policy; :func:`compile_for` comes last."""
     if model is not None and passes.packed:
         use_sequencewise_attention(model)
         if passes.flex:
@@ -44,7 +45,7 @@ def prepare(model: nn.Module | None, passes: Passes) -> nn.Module | None:
     return model
 
 
-def compiled(model: nn.Module | None, passes: Passes) -> nn.Module | None:
+def compile_for(model: nn.Module | None, passes: Passes) -> nn.Module | None:
     """``model`` with its blocks' forwards compiled where ``passes.compiled``: last, on the finished (and sharded)
     model."""
     return compile_blocks(model) if model is not None and passes.compiled else model

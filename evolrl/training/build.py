@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from evolrl.distributed import broadcast_object, fill_from_rank0, shard
-from evolrl.logprobs import Passes, compiled, prepare
+from evolrl.logprobs import Passes, compile_for, prepare
 from evolrl.lora import AdaptersOff, LoRA, add_adapters
 from evolrl.models import empty_policy, load_policy, model_config
 
@@ -83,7 +83,7 @@ def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, dev
                  ) -> tuple[nn.Module, nn.Module | AdaptersOff | None]:
     """``(policy, reference or None)``: loaded whole without ``mesh``; else sharded over it and filled from rank 0;
     set up for ``passes`` (``Batching.passes``: the packed passes' attention, then the compiled blocks,
-    ``evolrl.logprobs.prepare`` and ``compiled``). With ``lora``: the base in ``dtypes.base`` with trainable
+    ``evolrl.logprobs.prepare`` and ``compile_for``). With ``lora``: the base in ``dtypes.base`` with trainable
     adapters, and the reference is the policy with its adapters off."""
     weights = dtypes.base if lora is not None else dtypes.policy  # what the loaded weights are stored in
 
@@ -94,11 +94,11 @@ def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, dev
         policy = _trainable(with_adapters(prepare(load_policy(name, weights, trust_remote_code), passes)),
                             gradient_checkpointing)
         if lora is not None:
-            policy = compiled(policy, passes)
+            policy = compile_for(policy, passes)
             return policy, AdaptersOff(policy) if with_reference else None
         reference = _frozen(parameters_in(copy.deepcopy(policy), dtypes.reference, linear_only=dtypes.autocast)
                             ) if with_reference else None
-        return compiled(policy, passes), compiled(reference, passes)
+        return compile_for(policy, passes), compile_for(reference, passes)
     device = device or torch.device("cpu")
     full = with_adapters(load_policy(name, weights, trust_remote_code)) if dist.get_rank() == 0 else None
     state = full.state_dict() if full is not None else None
@@ -113,11 +113,11 @@ def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, dev
         model = _trainable(with_adapters(model, meta=True), gradient_checkpointing) if trainable else _frozen(model)
         return fill_from_rank0(shard(model, mesh, compute), state, device)
 
-    policy = compiled(sharded(weights, trainable=True), passes)
+    policy = compile_for(sharded(weights, trainable=True), passes)
     if lora is not None:
         return policy, AdaptersOff(policy) if with_reference else None
     reference = sharded(dtypes.reference, trainable=False) if with_reference else None
-    return policy, compiled(reference, passes)
+    return policy, compile_for(reference, passes)
 
 
 def parameters_in(model: nn.Module, dtype: str, linear_only: bool = False) -> nn.Module:
