@@ -1,4 +1,4 @@
-"""The few records that flow through a training step.
+"""The few records that flow through a training step, and the sampler they come from.
 
 All are frozen and complete when built. The group axis is explicit: a :class:`RolloutBatch` holds ``P`` prompts,
 each with a :class:`ResponseGroup` of ``V`` responses; per-response tensors are ``[P, V]``.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -94,13 +94,11 @@ class RolloutBatch:
         return self
 
     @property
-    def num_prompts(self) -> int:
-        """``P``."""
+    def num_prompts(self) -> int:  # P
         return len(self.groups)
 
     @property
-    def group_size(self) -> int:
-        """``V``."""
+    def group_size(self) -> int:  # V
         return len(self.groups[0].texts)
 
     @property
@@ -108,8 +106,7 @@ class RolloutBatch:
         return tuple(g.prompt for g in self.groups)
 
     @property
-    def texts(self) -> tuple[tuple[str, ...], ...]:
-        """Responses as ``[P][V]``."""
+    def texts(self) -> tuple[tuple[str, ...], ...]:  # [P][V]
         return tuple(g.texts for g in self.groups)
 
     def truncated(self) -> torch.Tensor | None:
@@ -119,22 +116,26 @@ class RolloutBatch:
         return torch.tensor([g.truncated for g in self.groups], dtype=torch.bool)
 
 
-class RolloutSource(Protocol):
-    """Rollouts sampled only when asked, so a batch fetched ahead of its step samples the current weights; with
-    ``max_rounds > 1`` (dynamic sampling) ``more(round)`` is the source of the next prompts, sampled for ``round``."""
+@runtime_checkable
+class Sampler(Protocol):
+    """The training step's one way to the rollout side (``evolrl.data.RolloutDataModule``; when each call comes:
+    ``evolrl/rollout/sampler.py``). A data module of recorded rollouts is none: its batches are trained as they are."""
 
-    max_rounds: int
+    max_staleness: int  # how many weight versions a trained batch may lag (0: sampled with the step's own weights)
 
-    def sample(self) -> RolloutBatch: ...
+    def next_rollouts(self, request: Any) -> RolloutBatch:
+        """The rollouts of the loader's batch ``request`` (prompts, no responses yet), sampled for this step."""
 
-    def more(self, round: int) -> RolloutSource: ...
+    def further_rollouts(self, round: int) -> RolloutBatch:
+        """The loader's next prompts, sampled with round ``round``'s seeds (dynamic sampling's further rounds)."""
 
+    def eval_rollouts(self, request: Any) -> RolloutBatch:
+        """An evaluation batch ``request``'s responses, sampled with the current weights."""
 
-class EvalSource(RolloutSource, Protocol):
-    """A validation/test batch: rollouts sampled when asked, and the evaluation set they are graded for (its ``name``
-    and ``grader(text, answer) -> (answer, correct)``; ``evolrl.data.EvalSet``). ``None``: a training batch."""
+    def hand_weights(self, policy: Any, new: bool = True) -> float:
+        """``policy``'s weights as the next version (``new``) or as the current one; the seconds it took."""
 
-    eval_set: Any
+    def timings(self) -> dict[str, float]: ...  # seconds this step waited on the sampler, logged as ``time/*``
 
 
 class Components(Mapping[str, torch.Tensor]):

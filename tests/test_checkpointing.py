@@ -25,7 +25,7 @@ from helpers import mixed_sequences, scalars, tiny_config
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from evolrl.cli import main
-from evolrl.logprobs import Sequences
+from evolrl.logprobs import Passes, Sequences
 from evolrl.models import load_policy, load_tokenizer
 from evolrl.settings import SettingError
 from evolrl.training import Batching, EvolRLModule, GRPOLoss, GRPOUpdate
@@ -68,7 +68,7 @@ class NoSchedule:
 
 def models(name: str, checkpointing: bool | int, packed: bool, compiled: bool = False):
     return build_models(name, Dtypes.resolve("32-true", "float32"), with_reference=True,
-                        gradient_checkpointing=checkpointing, packed=packed, compiled=compiled)
+                        gradient_checkpointing=checkpointing, passes=Passes(packed=packed, compiled=compiled))
 
 
 def update_gradients(name: str, seqs: Sequences, checkpointing: bool | int, packed: bool,
@@ -103,9 +103,9 @@ def test_training_passes_take_their_own_chunk_and_no_grad_passes_the_other(four_
 
     chunks = []
 
-    def recording(*args, chunk_size, **kwargs):
-        chunks.append((torch.is_grad_enabled(), chunk_size))
-        return token_stats(*args, chunk_size=chunk_size, **kwargs)
+    def recording(model, seqs, temperature, passes, **kwargs):
+        chunks.append((torch.is_grad_enabled(), passes.chunk_size))
+        return token_stats(model, seqs, temperature, passes, **kwargs)
 
     token_stats = update_module.token_stats
     monkeypatch.setattr(update_module, "token_stats", recording)

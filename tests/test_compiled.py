@@ -14,6 +14,7 @@ from helpers import assert_same, fit, logprobs_and_grads, mixed_sequences, one_p
 from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM
 
+from evolrl.logprobs import Passes
 from evolrl.logprobs.compiled import check_compiler, compile_blocks
 from evolrl.logprobs.forward import sequence_logprobs
 from evolrl.logprobs.packing import packed_logprobs
@@ -75,7 +76,7 @@ def test_compiled_blocks_under_fsdp2_give_the_uncompiled_update(tiny_model):
         with one_process_group("gloo"):
             policy, reference = build_models(tiny_model, Dtypes.resolve("32-true", "float32"), with_reference=True,
                                              mesh=init_device_mesh("cpu", (1,)), gradient_checkpointing=True,
-                                             packed=True, compiled=compiled)
+                                             passes=Passes(packed=True, compiled=compiled))
             optimizer = torch.optim.SGD(policy.parameters(), lr=1e-2)
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
             update = GRPOUpdate(GRPOLoss(kl_coef=0.05), Batching(mini_batch_size=4, max_tokens_per_micro_batch=64,
@@ -210,8 +211,8 @@ def test_under_fsdp2_a_compiled_block_takes_its_modules_integers_as_constants(ti
         graphs = recorded_graphs(monkeypatch)
         with one_process_group("gloo"):
             policy, _ = build_models(tiny_model, Dtypes.resolve("32-true", "float32"), with_reference=False,
-                                     mesh=init_device_mesh("cpu", (1,)), gradient_checkpointing=False, packed=True,
-                                     compiled=True)
+                                     mesh=init_device_mesh("cpu", (1,)), gradient_checkpointing=False,
+                                     passes=Passes(packed=True, compiled=True))
             with torch.no_grad():
                 packed_logprobs(policy, mixed_sequences(policy.config.vocab_size), temperature=1.0, chunk_size=16)
         return [[n.name for n in gm.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("example_value"),
@@ -233,7 +234,7 @@ def test_a_checkpointed_training_pass_runs_its_blocks_compiled(tiny_model, monke
     among its inputs is traced with gradients on (the training pass; the checkpoint's recomputation calls it too)."""
     graphs = recorded_graphs(monkeypatch)
     policy, _ = build_models(tiny_model, Dtypes.resolve("32-true", "float32"), with_reference=False,
-                             gradient_checkpointing=True, packed=True, compiled=True)
+                             gradient_checkpointing=True, passes=Passes(packed=True, compiled=True))
     policy.train()
     logp, _ = packed_logprobs(policy, mixed_sequences(policy.config.vocab_size), temperature=1.0, chunk_size=16)
     logp.sum().backward()

@@ -7,6 +7,7 @@ with that pass equal to the update without it, and a CLI run of each reward on t
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -133,8 +134,8 @@ def test_an_update_given_the_policy_pass_is_the_update_without_it(tiny_model):
             return forward(model, part, temperature=temperature, **kwargs)
 
         update.forward = counting
-        stats = update(policy, reference, seqs, temperature=0.7, optimizer=optimizer, scheduler=scheduler,
-                       policy_pass=scored)
+        given = replace(seqs, old_logprobs=scored.logp) if with_pass else seqs
+        stats = update(policy, reference, given, temperature=0.7, optimizer=optimizer, scheduler=scheduler)
         # Without the pass the second mini-batch's old log-probs take one no-grad pass (micro-batches of one, no-grad
         # passes of two: Batching.no_grad_pass_multiple); with it, none: the update reads them from the pass.
         assert sum(calls) == (0 if with_pass else 1)

@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from evolrl.lora import LoRA
 from evolrl.training import Batching
+from evolrl.logprobs import Passes
 from evolrl.training.build import Dtypes, build_models
 from evolrl.training.update import GRPOLoss, GRPOUpdate
 
@@ -42,8 +43,8 @@ def update_under_a_mesh_of_one(tiny_model, precision: str, reshard: bool | None,
 
     torch.manual_seed(0)  # the adapters' initial weights
     policy, reference = build_models(tiny_model, Dtypes.resolve(precision, "float32"), with_reference=True,
-                                     mesh=init_device_mesh("cpu", (1,)), gradient_checkpointing=True, packed=True,
-                                     lora=lora)
+                                     mesh=init_device_mesh("cpu", (1,)), gradient_checkpointing=True,
+                                     passes=Passes(packed=True), lora=lora)
     optimizer = torch.optim.SGD(policy.parameters(), lr=1e-2)
     # A step while a block still holds a gathered copy would leave that copy stale for the next forward.
     optimizer.register_step_pre_hook(lambda *_: sharded_everywhere(policy))

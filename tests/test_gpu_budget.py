@@ -125,7 +125,7 @@ def test_a_layers_saved_activations_match_its_formula(wide):
     Within 1%: the formula leaves out per-token scalars (the norms' reciprocal RMS, a few bytes of ~12k)."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from evolrl.logprobs import prepare, token_stats
+    from evolrl.logprobs import Passes, prepare, token_stats
     from evolrl.training.build import _trainable
     from tools.bench.bench_update import make_sequences
 
@@ -136,7 +136,7 @@ def test_a_layers_saved_activations_match_its_formula(wide):
     def saved(layers: int) -> int:
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(Qwen3Config(num_hidden_layers=layers, **fields), dtype=torch.float32)
-        model = _trainable(prepare(model, packed=True), 0)
+        model = _trainable(prepare(model, Passes(packed=True)), 0)
         if not wide:  # FSDP2 gathers bf16 weights; the rotary frequencies stay fp32 as the build keeps them
             model.to(torch.bfloat16)
             for module in model.modules():
@@ -151,7 +151,7 @@ def test_a_layers_saved_activations_match_its_formula(wide):
 
         seqs = make_sequences([tokens // 2, tokens - tokens // 2], prompt=16, vocab=512, seed=0)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
-            token_stats(model, seqs, 1.0, chunk_size=1024, packed=True, fused_head=True)
+            token_stats(model, seqs, 1.0, Passes(packed=True, fused_head=True, chunk_size=1024))
         return sum(storages.values())
 
     per_token = (saved(2) - saved(1)) / tokens

@@ -24,7 +24,7 @@ from evolrl.cli import main
 from evolrl.logprobs import trained_sequences
 from evolrl.models import load_policy
 from evolrl.rollout import HFEngine
-from evolrl.rollout.remote import SamplerProcess, check_placement
+from evolrl.rollout.remote import SamplerPlacement, check_placement
 from evolrl.settings import SettingError
 from evolrl.training import GRPOLoss, Optimization
 
@@ -277,7 +277,7 @@ def test_a_killed_sampler_of_one_rank_stops_both_ranks(tmp_path, tiny_model):
     ({"max_staleness": -1}, "RolloutDataModule.max_staleness=-1"),
     ({"max_staleness": 1, "engine": {"class_path": "evolrl.rollout.HFEngine"}},
      "data.max_staleness=1 is not allowed: 0 with HFEngine, which does not report the log-probs"),
-    ({"sampler_process": {"cpus": ["0", "0"]}}, "SamplerProcess.cpus"),
+    ({"sampler_process": {"cpus": ["0", "0"]}}, "data.sampler_process.cpus"),
 ])
 def test_bad_settings_stop_fit_at_start_naming_them(tmp_path, tiny_model, capsys, data, named):
     config = lag_config(tmp_path, tiny_model, 0, **data)
@@ -303,11 +303,11 @@ def test_a_sampler_on_every_core_or_on_a_trainer_gpu_is_refused(tmp_path, tiny_m
     assert "data.sampler_process.cpus" in err and "leaving the trainer at least one" in err
     with pytest.raises(SettingError, match=r"data.sampler_process.cuda_devices=\[1\] is not allowed: GPUs the trainer "
                                            r"does not use \(it trains on \[0, 1\]; shared: \[1\]\)"):
-        check_placement(SamplerProcess(cuda_devices=(1,)), 1, trainer_devices=[0, 1])
+        check_placement(SamplerPlacement(cuda_devices=(1,)), 1, trainer_devices=[0, 1])
     with pytest.raises(SettingError, match="one entry per training rank"):
-        check_placement(SamplerProcess(cuda_devices=(2,)), 2, trainer_devices=[0, 1])
+        check_placement(SamplerPlacement(cuda_devices=(2,)), 2, trainer_devices=[0, 1])
     with pytest.raises(SettingError, match=r"cuda_devices=\[0\] is not allowed: \[\] when training on CPUs"):
-        check_placement(SamplerProcess(cuda_devices=(0,)), 1, trainer_devices=None)
+        check_placement(SamplerPlacement(cuda_devices=(0,)), 1, trainer_devices=None)
 
 
 def _receiving_end(conn, port: int, device: str) -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import assert_same, logprobs_and_grads, run_update
 
-from evolrl.logprobs import token_stats
+from evolrl.logprobs import Passes, token_stats
 from evolrl.logprobs.forward import sequence_logprobs
 from evolrl.logprobs.sequences import Sequences
 from evolrl.logprobs.shared_prompts import check_shared_prompts, shared_prompt_gap, shared_prompt_logprobs
@@ -69,8 +69,8 @@ def test_the_vocabulary_mean_and_a_narrowed_mask_come_back_as_padded(policy):
     narrowed[0, 7:] = False  # overlong masking after the batch was built: the layout keeps the wider positions
     seqs = Sequences(seqs.input_ids, seqs.attention_mask, narrowed, seqs.advantages, layout=seqs.layout)
     with torch.no_grad():
-        padded = token_stats(policy, seqs, 0.7, chunk_size=16, vocab_mean=True)
-        shared = token_stats(policy, seqs, 0.7, chunk_size=16, vocab_mean=True, shared_prompts=True)
+        padded = token_stats(policy, seqs, 0.7, Passes(chunk_size=16), vocab_mean=True)
+        shared = token_stats(policy, seqs, 0.7, Passes(chunk_size=16, shared_prompts=True), vocab_mean=True)
     assert len(shared) == 3
     for ours, theirs in zip(shared, padded):
         torch.testing.assert_close(ours[narrowed], theirs[narrowed], rtol=1e-5, atol=1e-5)

@@ -193,7 +193,7 @@ def test_streamed_prompts_are_not_sampled_ahead(tiny_model):
 def test_stale_rollouts_are_refused(tiny_model):
     module, data, _ = fit(tiny_model, steps=1)  # the policy is at version 1 (one training step)
     request = next(iter(data.train_dataloader()))
-    rollouts = request.sample()
+    rollouts = data.next_rollouts(request)
     stale = replace(rollouts, weights_version=0)  # as if sampled before that step
     with pytest.raises(RuntimeError, match="stale rollouts: sampled with weights version 0, but the policy is at "
                                            "version 1"):

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from helpers import mixed_sequences
 
-from evolrl.logprobs import varlen
+from evolrl.logprobs import Passes, varlen
 
 pytestmark = pytest.mark.skipif(not varlen.available(), reason="this torch has no varlen attention op")
 
@@ -78,8 +78,8 @@ def test_a_compiled_block_is_traced_once_for_rows_of_any_lengths(tiny_model, mon
     from evolrl.training.build import Dtypes, build_models
 
     graphs = recorded_graphs(monkeypatch)
-    policy, _ = build_models(tiny_model, Dtypes.resolve("32-true", "float32"), with_reference=False, packed=True,
-                             compiled=True)
+    policy, _ = build_models(tiny_model, Dtypes.resolve("32-true", "float32"), with_reference=False, 
+                             passes=Passes(packed=True, compiled=True))
 
     def passes(seeds):
         for seed in seeds:

@@ -1,19 +1,18 @@
 """The DataModule: label-free prompts in, rollout groups out, at most ``max_staleness`` versions old.
 
 This is the rollout side's one owner: it builds :attr:`RolloutDataModule.rollouts` (the engine, the sampling, the
-weights version; see :class:`~evolrl.rollout.Rollouts`) and is the training step's :class:`~evolrl.rollout.Sampler`:
+weights version; see :class:`~evolrl.rollout.Rollouts`) and is the training step's :class:`~evolrl.types.Sampler`:
 the step takes its rollouts (``next_rollouts``) and hands over the new weights (``hand_weights``) by name. Its
-loaders yield :class:`~evolrl.data.requests.RolloutRequest` batches, sampled only when the step asks (Lightning
-fetches a batch ahead; the off-policy line, a sampler process: ``evolrl/rollout/supply.py``); a rollout batch records
-its weights version, which the module checks, and its temperature. A hash of the training prompts travels in
-checkpoints: a resume refuses others.
+loaders yield :class:`~evolrl.data.requests.RolloutRequest` batches, plain prompts that the step hands back to be
+sampled (Lightning fetches a batch ahead; the off-policy line, a sampler process: ``evolrl/rollout/supply.py``); a
+rollout batch records its weights version, which the module checks, and its temperature. A hash of the training
+prompts travels in checkpoints: a resume refuses others.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import replace
 from functools import partial
 
 import lightning as L
@@ -25,12 +24,13 @@ from evolrl.data.loader import PromptLoader
 from evolrl.data.requests import RolloutRequest
 from evolrl.data.sources import DataError, PromptSource, require_answers
 from evolrl.models import load_tokenizer
-from evolrl.rollout import DynamicSampling, Rollouts, Sampling, Seeds, check_engine
+from evolrl.rollout import DynamicSampling, Rollouts, Sampling, Seeds
 from evolrl.rollout.engine import RolloutEngine
 from evolrl.rollout.ranks import fail_together
-from evolrl.rollout.remote import SamplerProcess, start_sampler
+from evolrl.rollout.remote import SamplerPlacement, start_sampler
 from evolrl.rollout.supply import RolloutSupply
 from evolrl.rollout.vllm_engine import VLLMEngine
+from evolrl.run_check import check_run
 from evolrl.settings import check_int, require
 from evolrl.types import Prompt, RolloutBatch
 
@@ -92,7 +92,7 @@ class RolloutDataModule(L.LightningDataModule):
         dynamic_sampling: DynamicSampling | None = None,
         allow_changed_prompts: bool = False,
         max_staleness: int = 0,
-        sampler_process: SamplerProcess | None = None,
+        sampler_process: SamplerPlacement | None = None,
     ) -> None:
         super().__init__()
         check_int("RolloutDataModule.max_prompt_tokens", max_prompt_tokens, 1)
@@ -109,7 +109,7 @@ class RolloutDataModule(L.LightningDataModule):
                                  trained_samples=trained_samples, eval_samples=eval_samples,
                                  eval_prompts_per_batch=eval_prompts_per_batch, seeds=self.seeds)  # the module's too
         check_int("RolloutDataModule.max_staleness", max_staleness, 0)
-        require(sampler_process is None or isinstance(sampler_process, SamplerProcess), "RolloutDataModule."
+        require(sampler_process is None or isinstance(sampler_process, SamplerPlacement), "RolloutDataModule."
                 "sampler_process", sampler_process, allowed="null or {cpus: [...], cuda_devices: [...]}")
         self.supply = RolloutSupply(self.rollouts, max_staleness)
         self.max_staleness, self.sampler_process = max_staleness, sampler_process
@@ -135,8 +135,8 @@ class RolloutDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         module = self.trainer.lightning_module if self.trainer is not None else None
-        if stage == "fit":  # what the module needs of the engine
-            check_engine(getattr(module, "mismatch_correction", None), self.rollouts.engine, self.max_staleness)
+        if stage == "fit" and module is not None:  # the run's settings against each other, before anything loads
+            check_run(module, self, self.trainer)  # (Lightning sets the data module up before the module)
         if self.tokenizer is not None:
             return self._place_sampler()
         if not self.model:
@@ -171,10 +171,25 @@ class RolloutDataModule(L.LightningDataModule):
     def teardown(self, stage: str) -> None:
         self.supply.stop()
 
-    def next_rollouts(self, batch: RolloutRequest | RolloutBatch) -> RolloutBatch:
-        """The rollouts of the loader's next ``batch``, sampled now with the weights the engine holds (the step's);
-        rollouts given as such are returned as they are."""
-        return batch if isinstance(batch, RolloutBatch) else batch.sample()
+    def next_rollouts(self, request: RolloutRequest) -> RolloutBatch:
+        """The rollouts of the loader's ``request``: sampled now with the weights the engine holds (the step's), or
+        taken from the off-policy line (``max_staleness``)."""
+        return self.supply.sample_training(request.prompts, request.prompt_ids, next_prompts=self._next_prompts)
+
+    def further_rollouts(self, round: int) -> RolloutBatch:
+        """The loader's next prompts, sampled with round ``round``'s seeds (dynamic sampling's further rounds)."""
+        request = self._train_loader.take()
+        return self.supply.sample_training(request.prompts, request.prompt_ids, round=round,
+                                           next_prompts=self._next_prompts)
+
+    def eval_rollouts(self, request: RolloutRequest) -> RolloutBatch:
+        """An evaluation ``request``'s responses, sampled now with the current weights."""
+        return self.supply.sample_evaluation(request.prompts, request.prompt_ids)
+
+    def _next_prompts(self) -> tuple:
+        """The loader's next prompts and their ids, taken outside its iteration: the off-policy line fills its first
+        ``max_staleness`` places with them."""
+        return (request := self._train_loader.take()).prompts, request.prompt_ids
 
     def hand_weights(self, policy, new: bool = True) -> float:
         """Give the engine ``policy``'s weights as the next version (``new``) or, unless it holds them, as the current
@@ -207,34 +222,15 @@ class RolloutDataModule(L.LightningDataModule):
                                               rank=rank, world_size=world)
         return self._train_loader
 
-    def _eval_loaders(self) -> list[DataLoader]:
-        def request(items, eval_set):
-            return RolloutRequest(tuple(p for p, _ in items), tuple(ids for _, ids in items),
-                                  sampler=self.supply.evaluate, eval_set=eval_set)
-
-        return [
-            DataLoader(items, batch_size=self.rollouts.eval_prompts_per_batch, shuffle=False,
-                       collate_fn=lambda batch, s=eval_set: request(batch, s))
-            for items, eval_set in zip(self.eval_items, self.eval_sets)
-        ]
-
     def val_dataloader(self) -> list[DataLoader]:
-        return self._eval_loaders()
+        return [DataLoader(items, batch_size=self.rollouts.eval_prompts_per_batch, shuffle=False,
+                           collate_fn=partial(RolloutRequest.of, eval_set=eval_set))
+                for items, eval_set in zip(self.eval_items, self.eval_sets)]
 
     test_dataloader = val_dataloader
 
     def _request(self, items: list[tuple[Prompt, tuple[int, ...]]]) -> RolloutRequest:
-        rounds = self.dynamic_sampling.max_rounds if self.dynamic_sampling is not None else 1
-        return RolloutRequest(tuple(p for p, _ in items), tuple(ids for _, ids in items),
-                              partial(self.supply.train, more=self._more), max_rounds=rounds,
-                              further=self._further if rounds > 1 else None)
-
-    def _further(self, round: int) -> RolloutRequest:
-        """The loader's next batch, sampled with ``round``'s seeds."""
-        return replace(self._train_loader.take(), sampler=partial(self.supply.train, round=round, more=self._more))
-
-    def _more(self) -> tuple:  # the loader's next prompts, to fill the off-policy line
-        return (request := self._train_loader.take()).prompts, request.prompt_ids
+        return RolloutRequest.of(items, max_rounds=self.dynamic_sampling.max_rounds if self.dynamic_sampling else 1)
 
     def prompts_hash(self) -> str:  # the training prompts as the policy reads them, in the source's order
         return hashlib.sha256(repr([(p.id, ids) for p, ids in self.train_items]).encode()).hexdigest()[:16]

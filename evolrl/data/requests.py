@@ -1,17 +1,18 @@
 """A batch of the data module's loaders: prompts whose responses are sampled only when asked.
 
 Lightning fetches batch t+1 before it runs training step t; a batch that sampled on fetch would train step t+1 on
-the weights before step t. A :class:`RolloutRequest` holds the prompts, tokenized, and samples when the training
-step asks the data module for its rollouts (``RolloutDataModule.next_rollouts``), or an evaluation step grades it.
+the weights before step t. A :class:`RolloutRequest` is plain data, the prompts tokenized: the training step hands it
+to its sampler (``RolloutDataModule.next_rollouts``, or ``eval_rollouts`` for an evaluation batch), which samples it
+then, with the weights of that moment.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from evolrl.data.eval_set import EvalSet
-from evolrl.types import Prompt, RolloutBatch
+from evolrl.types import Prompt
 
 
 @dataclass(frozen=True)
@@ -20,23 +21,17 @@ class RolloutRequest:
 
     prompts: tuple[Prompt, ...]
     prompt_ids: tuple[tuple[int, ...], ...]
-    sampler: Callable[[Sequence[Prompt], Sequence[Sequence[int]]], RolloutBatch]
     eval_set: EvalSet | None = None
     """The evaluation set of a validation/test batch (its name and grader); ``None`` for training."""
     max_rounds: int = 1
-    """Sampling rounds the step may take (dynamic sampling); 1: this batch only."""
-    further: Callable[[int], RolloutRequest] | None = None
-    """The next prompts' request, sampled for a given round (dynamic sampling)."""
+    """Sampling rounds the step may take (dynamic sampling): after this batch, ``max_rounds - 1`` further batches of
+    the loader's next prompts at most."""
 
-    def sample(self) -> RolloutBatch:
-        """Generate the response groups now, with the engine's current weights."""
-        return self.sampler(self.prompts, self.prompt_ids)
-
-    def more(self, round: int) -> RolloutRequest:
-        """The request of the step's further prompts, sampled with ``round``'s seeds (dynamic sampling)."""
-        if self.further is None:
-            raise RuntimeError("this batch has no further prompts: dynamic sampling is off (data.dynamic_sampling)")
-        return self.further(round)
+    @classmethod
+    def of(cls, items: Sequence[tuple[Prompt, tuple[int, ...]]], eval_set: EvalSet | None = None,
+           max_rounds: int = 1) -> RolloutRequest:
+        """The request of ``items``, each a prompt and its token ids."""
+        return cls(tuple(p for p, _ in items), tuple(ids for _, ids in items), eval_set, max_rounds)
 
     def to(self, *args, **kwargs) -> RolloutRequest:
         """Itself: nothing to move to a device (see :meth:`evolrl.types.RolloutBatch.to`)."""

@@ -1,6 +1,6 @@
 """The policy's forward pass: log-probs and entropy of the scored tokens, from the model's logits or its head fused in.
 
-:func:`model_logprobs` runs the model once and returns ``(log-prob, entropy)`` at the positions a ``select``
+:func:`model_stats` runs the model once and returns ``(log-prob, entropy)`` at the positions a ``select``
 function picks. Two ways, the same numbers (tested, values and gradients):
 
 * ``fused_head=True`` (default): while the model runs, its output layer's ``forward`` is swapped for one that hands
@@ -32,11 +32,12 @@ from evolrl.logprobs.sequences import Sequences
 from evolrl.settings import require
 
 
-def model_logprobs(model, inputs: dict, select: Callable[[Tensor], Tensor], targets: Tensor, temperature: float,
-                   chunk_size: int, fused_head: bool = True, vocab_mean: bool = False,
-                   compiled_head: bool = False) -> tuple[Tensor, ...]:
-    """``(log p(target), entropy)``, each like ``targets``, of ``softmax(logits / temperature)``; with ``vocab_mean``
-    (no gradients, for a reward that reads the policy) also the mean of ``log p`` over the vocabulary.
+def model_stats(model, inputs: dict, select: Callable[[Tensor], Tensor], targets: Tensor, temperature: float,
+                chunk_size: int, fused_head: bool = True, vocab_mean: bool = False,
+                compiled_head: bool = False) -> tuple[tuple[Tensor, ...], object]:
+    """``(log p(target), entropy)``, each like ``targets``, of ``softmax(logits / temperature)`` (with ``vocab_mean``,
+    no gradients, for a reward that reads the policy: also the mean of ``log p`` over the vocabulary), and the model's
+    output (its ``past_key_values``, say) with the statistics in place of its logits.
 
     Args:
         model: A Hugging Face causal LM (or one wrapped by FSDP2).
@@ -47,15 +48,6 @@ def model_logprobs(model, inputs: dict, select: Callable[[Tensor], Tensor], targ
         compiled_head: With ``fused_head``, each chunk's softmax statistics and gradient through ``torch.compile``
             (``chunked_head._chunk_fn``).
     """
-    return model_stats(model, inputs, select, targets, temperature, chunk_size, fused_head=fused_head,
-                       vocab_mean=vocab_mean, compiled_head=compiled_head)[0]
-
-
-def model_stats(model, inputs: dict, select: Callable[[Tensor], Tensor], targets: Tensor, temperature: float,
-                chunk_size: int, fused_head: bool = True, vocab_mean: bool = False,
-                compiled_head: bool = False) -> tuple[tuple[Tensor, ...], object]:
-    """:func:`model_logprobs`, and the model's output (its ``past_key_values``, say) with the statistics in place of
-    its logits."""
     if not fused_head:
         output = model(**inputs)
         stats = token_stats if vocab_mean else logprobs_and_entropy
@@ -89,7 +81,7 @@ def _forward_replaced(module: nn.Module, forward: Callable) -> Iterator[None]:
 def sequence_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int, fused_head: bool = True,
                       vocab_mean: bool = False, compiled_head: bool = False) -> tuple[Tensor, ...]:
     """``(log-prob, entropy)`` of every next token, ``[N, T - 1]``, under ``softmax(logits / temperature)`` (and the
-    vocabulary's mean log-prob with ``vocab_mean``, see :func:`model_logprobs`).
+    vocabulary's mean log-prob with ``vocab_mean``, see :func:`model_stats`).
 
     Only positions from the first response token on go through the LM head (the head and the log-softmax over the
     vocabulary are the costly part of a small model's step); earlier positions are returned as 0. Without response
@@ -100,7 +92,7 @@ def sequence_logprobs(model, seqs: Sequences, temperature: float, chunk_size: in
     first = int(cols.min()) if len(cols) else width - 2
     keep = {"logits_to_keep": width - first} if takes_logits_to_keep(model) else {}
     inputs = {"input_ids": seqs.input_ids, "attention_mask": seqs.attention_mask, "use_cache": False, **keep}
-    stats = model_logprobs(model, inputs, select=lambda out: out[:, -(width - first) : -1],
+    stats, _ = model_stats(model, inputs, select=lambda out: out[:, -(width - first) : -1],
                            targets=seqs.input_ids[:, first + 1 :], temperature=temperature, chunk_size=chunk_size,
                            fused_head=fused_head, vocab_mean=vocab_mean, compiled_head=compiled_head)
     return tuple(F.pad(values, (first, 0)) for values in stats)

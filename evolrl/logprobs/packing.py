@@ -9,7 +9,7 @@ Non-obvious decisions:
   eager, flex); flash-attention's varlen kernels read the same ``position_ids`` (one row: batch size 1). sdpa and
   eager materialize that mask, ``[1, 1, S, S]`` booleans for a row of S tokens; flash-attention needs none.
 * The LM head only where a response token is scored: ``logits_to_keep`` takes the row's positions as a tensor
-  (fused into the log-prob step or through the logits: ``forward.model_logprobs``).
+  (fused into the log-prob step or through the logits: ``forward.model_stats``).
 * Whether a model keeps packed sequences apart is checked once, at start, by :func:`check_packing`: the name of
   its attention implementation, then a probe (a sequence's log-probs must not depend on the tokens before it in
   the row), which also catches what a name cannot (layers with recurrent state, custom attention code).
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from evolrl.logprobs.forward import model_logprobs, takes_logits_to_keep
+from evolrl.logprobs.forward import model_stats, takes_logits_to_keep
 from evolrl.logprobs.packed_flex import PACKED_FLEX, document_block_mask
 from evolrl.logprobs.sequences import Sequences, to_device
 from evolrl.logprobs.sequencewise_attention import SEQUENCEWISE_SDPA, PackedLengths, is_sequencewise
@@ -65,7 +65,7 @@ def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int,
             inputs["attention_mask"] = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
     if flex:  # built once per pass, read by every layer
         inputs["packed_block_mask"] = document_block_mask(inputs["packed_lengths"].lengths, ids.device)
-    stats = model_logprobs(model, inputs, select=(lambda out: out) if keep else (lambda out: out[:, at]),
+    stats, _ = model_stats(model, inputs, select=(lambda out: out) if keep else (lambda out: out[:, at]),
                            targets=ids[:, at + 1], temperature=temperature, chunk_size=chunk_size,
                            fused_head=fused_head, vocab_mean=vocab_mean, compiled_head=compiled_head)  # each [1, K]
 

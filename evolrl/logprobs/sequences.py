@@ -75,6 +75,12 @@ class Sequences:
     layout: Layout | None = field(default=None, compare=False)
     """Where the tokens are, on the host (:class:`Layout`): taken at construction while the tensors are on the
     host, and kept when they move."""
+    old_logprobs: Tensor | None = None
+    """``[N, T - 1]``: the policy's log-probs before the update, where a pass already computed them (one a reward
+    read): the update's old log-probs, no pass of its own; ``None``: the update computes them."""
+    max_new_tokens: int | None = None
+    """The response budget the responses were sampled with (``RolloutBatch.max_new_tokens``): what a constant
+    loss normalizer reads."""
 
     def __post_init__(self) -> None:
         if self.layout is None and self.attention_mask.device.type == "cpu":
@@ -98,7 +104,8 @@ class Sequences:
         layout = self.host_layout().select(rows)
         index = to_device(torch.tensor(rows), self.input_ids.device)
         width = int(layout.lengths.max())
-        sampler = self.sampler_logprobs[index, : width - 1] if self.sampler_logprobs is not None else None
+        sampler, old = (t[index, : width - 1] if t is not None else None for t in (self.sampler_logprobs,
+                                                                                   self.old_logprobs))
         return Sequences(
             self.input_ids[index, :width],
             self.attention_mask[index, :width],
@@ -106,6 +113,8 @@ class Sequences:
             advantages=self.advantages[index],
             sampler_logprobs=sampler,
             layout=layout,
+            old_logprobs=old,
+            max_new_tokens=self.max_new_tokens,
         )
 
     @staticmethod
@@ -120,7 +129,9 @@ class Sequences:
 
     def to(self, device: torch.device) -> Sequences:
         tensors = (self.input_ids, self.attention_mask, self.response_mask, self.advantages, self.sampler_logprobs)
-        return Sequences(*(t.to(device) if t is not None else None for t in tensors), layout=self.layout)
+        moved = self.old_logprobs.to(device) if self.old_logprobs is not None else None
+        return Sequences(*(t.to(device) if t is not None else None for t in tensors), layout=self.layout,
+                         old_logprobs=moved, max_new_tokens=self.max_new_tokens)
 
 
 def trained_sequences(rollouts: RolloutBatch, advantages: Tensor, pad_id: int) -> Sequences:
@@ -156,4 +167,4 @@ def trained_sequences(rollouts: RolloutBatch, advantages: Tensor, pad_id: int) -
         if sampler is not None:
             sampler[i, start - 1 : len(row) - 1] = torch.tensor(logprobs[i], dtype=torch.float32)
     return Sequences(input_ids, attention, response_mask=response, advantages=advantages.reshape(-1).float(),
-                     sampler_logprobs=sampler)
+                     sampler_logprobs=sampler, max_new_tokens=rollouts.max_new_tokens)

@@ -7,7 +7,7 @@ by ``class_path`` in a config to plug in another one (rewards that read answers 
 
 A reward with state, or one that samples more than the step's responses, needs nothing else: it declares what it
 uses (the class attributes below), and the trainer calls its hooks at fixed points of every run
-(``evolrl/reward_hooks.py``), each with the run's :class:`~evolrl.rewards.context.RewardContext`:
+(``evolrl/training/reward_hooks.py``), each with the run's :class:`~evolrl.rewards.context.RewardContext`:
 
 * :meth:`Reward.check` when ``fit`` starts, before any model loads: a SettingError for what it cannot run with;
 * :meth:`Reward.start` before the first step of this start (a resumed run too, after its state was loaded);

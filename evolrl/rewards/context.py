@@ -1,6 +1,6 @@
 """What a reward may use of the run: one object, the same for every reward, given to its hooks and its call.
 
-The trainer fills it in (``evolrl/reward_hooks.py``): the run's directory, ranks and seeds before anything loads; the
+The trainer fills it in (``evolrl/training/reward_hooks.py``): the run's directory, ranks and seeds before anything loads; the
 policy and the step as training goes; the policy signal for each call of a reward that reads the policy. A reward
 reaches the run's engine only through it (:meth:`RewardContext.generate`, :meth:`RewardContext.encode`), so its extra
 texts (a teacher's responses, paraphrases, a measuring pass) are sampled by the engine that samples the step, with

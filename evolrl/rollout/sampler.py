@@ -1,34 +1,23 @@
-"""The training step's two calls to the rollout side, by name: take the next rollouts, hand over the new weights.
+"""The training step's calls to the rollout side, by name: take the next rollouts, hand over the new weights.
 
 A training step (``EvolRLModule.training_step``) reads top to bottom: ``next_rollouts`` returns the responses to train
 on (sampled with the weights of this step, or of up to ``max_staleness`` steps before), and after the update
 ``hand_weights`` gives the sampler the new weights, as the next version, before the step ends (so a checkpoint saved
 at the step's end holds that version). Before training or an evaluation the module hands over the current weights,
 unless the engine holds them (a resumed run's restored weights, an evaluation without training).
-``evolrl.data.RolloutDataModule`` is the :class:`Sampler`; a data module of recorded rollouts is none, and the module
-trains on its batches as they are. A sampler may also say how stale a batch may be (``max_staleness``, default 0) and
-what it waited this step (``timings()``, logged as ``time/*``).
+``evolrl.data.RolloutDataModule`` is the :class:`~evolrl.types.Sampler` (declared beside the records it hands out, so
+that the training package reads it without importing this one); a data module of recorded rollouts is none, and the
+module trains on its batches as they are. With dynamic sampling the step asks for ``further_rollouts`` of the loader's
+next prompts, round by round; an evaluation batch is sampled by ``eval_rollouts``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
-
 from evolrl.rollout.engine import RolloutEngine
 from evolrl.settings import require
-from evolrl.types import RolloutBatch, RolloutSource
+from evolrl.types import Sampler
 
-
-@runtime_checkable
-class Sampler(Protocol):
-    """What samples a run's rollouts and takes its weights (module docstring)."""
-
-    def next_rollouts(self, batch: RolloutSource) -> RolloutBatch:
-        """The rollouts of the loader's next ``batch``."""
-
-    def hand_weights(self, policy: Any, new: bool = True) -> float:
-        """Give the sampler ``policy``'s weights as the next version (``new``) or, unless it holds them, as the
-        current one; the seconds it took."""
+__all__ = ["Sampler", "check_engine"]
 
 
 def check_engine(mismatch_correction: object | None, engine: RolloutEngine, max_staleness: int = 0) -> None:

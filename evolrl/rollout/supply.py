@@ -7,7 +7,7 @@ for each (``evolrl/rollout/sampler.py``), with the off-policy lag and the sample
   with version 0; from then on each step queues its own prompts, sampled with its weights, and trains on the batch
   queued k steps before: batch j is sampled with version ``max(0, j - k)`` (further rounds of dynamic sampling move
   the line on too, so a batch is never more than k versions old). Seeds follow the batch's place in the line.
-* A sampler process (``SamplerProcess``): the engine runs there; queued batches are sampled while the trainer
+* A sampler process (``SamplerPlacement``): the engine runs there; queued batches are sampled while the trainer
   updates, and a weight push waits only for the batch in progress. Colocated, k >= 1 samples the same batches with
   the same seeds, one after the other.
 * Evaluation samples with the current weights, after the queued batches (a sampler works in order); the queue keeps
@@ -50,26 +50,26 @@ class RolloutSupply:
         """Whether training batches go through the queue (off-policy, or sampled by a process of their own)."""
         return self.max_staleness > 0 or self.remote is not None
 
-    def train(self, prompts: Sequence, prompt_ids: Sequence, round: int = 0,
-              more: Callable[[], tuple[Sequence, Sequence]] | None = None) -> RolloutBatch:
-        """The batch to train on now; ``prompts`` go into the line (``more()``: the loader's next prompts, to fill
-        the line at the first step)."""
+    def sample_training(self, prompts: Sequence, prompt_ids: Sequence, round: int = 0,
+                        next_prompts: Callable[[], tuple[Sequence, Sequence]] | None = None) -> RolloutBatch:
+        """The batch to train on now, sampled now or taken from the line; ``prompts`` go into the line
+        (``next_prompts()``: the loader's next prompts and their ids, to fill the line at the first step)."""
         if not self.lagged:
             return self.rollouts.sample(prompts, prompt_ids, round=round)
-        return self._together(lambda: self._lagged(prompts, prompt_ids, round, more))
+        return self._together(lambda: self._lagged(prompts, prompt_ids, round, next_prompts))
 
-    def _lagged(self, prompts: Sequence, prompt_ids: Sequence, round: int, more) -> RolloutBatch:
+    def _lagged(self, prompts: Sequence, prompt_ids: Sequence, round: int, next_prompts) -> RolloutBatch:
         if self.max_staleness == 0:  # a sampler process, on-policy: seeds as in this process
             return self._result(self._submit(prompts, prompt_ids, round=round))
         self.queue.append(self._submit(prompts, prompt_ids, index=self._next_index()))
         if not self.started:
             for _ in range(self.max_staleness):
-                self.queue.append(self._submit(*more(), index=self._next_index()))
+                self.queue.append(self._submit(*next_prompts(), index=self._next_index()))
         self.started = True
         return self._result(self.queue.popleft())
 
-    def evaluate(self, prompts: Sequence, prompt_ids: Sequence) -> RolloutBatch:
-        """Evaluation groups with the current weights."""
+    def sample_evaluation(self, prompts: Sequence, prompt_ids: Sequence) -> RolloutBatch:
+        """Evaluation groups, sampled now with the current weights."""
         if self.remote is None:
             return self.rollouts.sample_eval(prompts, prompt_ids)
         return self._together(lambda: self.remote.result(self.remote.submit(prompts, prompt_ids, evaluation=True)))

@@ -1,14 +1,17 @@
 """How a training step's sequences are cut into optimizer steps and forward/backward passes, and how a pass runs.
 
 A plain dataclass, declared and checked once (the CLI expands its fields: ``model.batching.micro_batch_size``) and
-passed whole to :class:`~evolrl.training.update.GRPOUpdate`. None of these settings changes the update's math: the
+passed whole to :class:`~evolrl.training.update.GRPOUpdate`; what a pass computes with goes on to the log-prob engine
+as one :class:`~evolrl.logprobs.Passes` (:attr:`Batching.passes`). None of these settings changes the update's math: the
 loss normalizer is fixed per mini-batch before its passes, so every split, padded or packed, fused head or not, gives
 the same update up to float rounding (``tests/test_packing.py``, ``tests/test_training.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from evolrl.logprobs import Passes
 
 from evolrl.settings import check_int, require
 
@@ -88,6 +91,19 @@ class Batching:
                 allowed="true or false")
         require(self.reshard_after_forward is None or isinstance(self.reshard_after_forward, bool),
                 "Batching.reshard_after_forward", self.reshard_after_forward, allowed="true, false or null")
+
+    @property
+    def passes(self) -> Passes:
+        """How a pass runs, as the log-prob engine takes it (``evolrl.logprobs.Passes``): the passes without
+        gradients'."""
+        return Passes(packed=self.packed, flex=self.flex_attention, fused_head=self.fused_head,
+                      compiled=self.compile_blocks, shared_prompts=self.shared_prompts,
+                      chunk_size=self.logprob_chunk_size)
+
+    @property
+    def train_passes(self) -> Passes:
+        """:attr:`passes` of a training pass: its own chunk size, where one is set."""
+        return replace(self.passes, chunk_size=self.train_logprob_chunk_size or self.logprob_chunk_size)
 
     def holds_gathered(self, world_size: int) -> bool:
         """Whether the update keeps FSDP2's gathered weights through a pass (:attr:`reshard_after_forward`)."""

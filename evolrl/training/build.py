@@ -14,7 +14,7 @@ Non-obvious decisions:
   bf16's spacing near a typical weight (|w| ~ 1e-2: 2^-14 ~ 6e-5), so bf16 master weights would not move.
   Only copies are bf16: the reference (never updated) and, under FSDP, the all-gathered copies the forward and
   backward compute with (gradients are reduced in float32 into the float32 shards).
-* Packed runs (``packed=True``) switch sdpa models to ``sequencewise_attention.SEQUENCEWISE_SDPA`` (the packed
+* Packed runs (``Batching.packed``) switch sdpa models to ``sequencewise_attention.SEQUENCEWISE_SDPA`` (the packed
   row's attention one sequence at a time; every other pass unchanged), or with ``Batching.flex_attention`` to
   ``packed_flex.PACKED_FLEX`` (one FlexAttention call per row), before the reference is copied.
 * ``Batching.compile_blocks`` compiles the blocks' forwards last, on the finished models (after the copy and after
@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from evolrl.distributed import broadcast_object, fill_from_rank0, shard
-from evolrl.logprobs import prepare
+from evolrl.logprobs import Passes, compile_for, prepare
 from evolrl.lora import AdaptersOff, LoRA, add_adapters
 from evolrl.models import empty_policy, load_policy, model_config
 
@@ -78,27 +78,27 @@ class Dtypes:
 
 
 def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, device: torch.device | None = None,
-                 gradient_checkpointing: bool = False, trust_remote_code: bool = False, packed: bool = False,
-                 compiled: bool = False, flex: bool = False,
-                 lora: LoRA | None = None) -> tuple[nn.Module, nn.Module | AdaptersOff | None]:
+                 gradient_checkpointing: bool = False, trust_remote_code: bool = False,
+                 passes: Passes = Passes(), lora: LoRA | None = None,  # noqa: B008 (frozen)
+                 ) -> tuple[nn.Module, nn.Module | AdaptersOff | None]:
     """``(policy, reference or None)``: loaded whole without ``mesh``; else sharded over it and filled from rank 0;
-    with ``compiled``, their blocks' forwards compiled; ``packed`` (and ``flex``): the packed passes' attention
-    (``evolrl.logprobs.prepare``). With ``lora``: the base in ``dtypes.base`` with trainable adapters, and the
-    reference is the policy with its adapters off."""
+    set up for ``passes`` (``Batching.passes``: the packed passes' attention, then the compiled blocks,
+    ``evolrl.logprobs.prepare`` and ``compile_for``). With ``lora``: the base in ``dtypes.base`` with trainable
+    adapters, and the reference is the policy with its adapters off."""
     weights = dtypes.base if lora is not None else dtypes.policy  # what the loaded weights are stored in
 
     def with_adapters(model: nn.Module, meta: bool = False) -> nn.Module:
         return add_adapters(model, lora, meta=meta) if lora is not None else model
 
     if mesh is None:
-        policy = _trainable(with_adapters(prepare(load_policy(name, weights, trust_remote_code), packed, flex)),
+        policy = _trainable(with_adapters(prepare(load_policy(name, weights, trust_remote_code), passes)),
                             gradient_checkpointing)
         if lora is not None:
-            policy = prepare(policy, compiled=compiled)
+            policy = compile_for(policy, passes)
             return policy, AdaptersOff(policy) if with_reference else None
         reference = _frozen(parameters_in(copy.deepcopy(policy), dtypes.reference, linear_only=dtypes.autocast)
                             ) if with_reference else None
-        return prepare(policy, compiled=compiled), prepare(reference, compiled=compiled)
+        return compile_for(policy, passes), compile_for(reference, passes)
     device = device or torch.device("cpu")
     full = with_adapters(load_policy(name, weights, trust_remote_code)) if dist.get_rank() == 0 else None
     state = full.state_dict() if full is not None else None
@@ -108,16 +108,16 @@ def build_models(name: str, dtypes: Dtypes, with_reference: bool, mesh=None, dev
 
     def sharded(dtype: str, trainable: bool) -> nn.Module:
         model = prepare(parameters_in(empty_policy(config, dtypes.policy, trust_remote_code), dtype,
-                                      linear_only=dtypes.autocast and not trainable), packed, flex)
+                                      linear_only=dtypes.autocast and not trainable), passes)
         model.generation_config = generation_config  # the engines read the stop tokens from it
         model = _trainable(with_adapters(model, meta=True), gradient_checkpointing) if trainable else _frozen(model)
         return fill_from_rank0(shard(model, mesh, compute), state, device)
 
-    policy = prepare(sharded(weights, trainable=True), compiled=compiled)
+    policy = compile_for(sharded(weights, trainable=True), passes)
     if lora is not None:
         return policy, AdaptersOff(policy) if with_reference else None
     reference = sharded(dtypes.reference, trainable=False) if with_reference else None
-    return policy, prepare(reference, compiled=compiled)
+    return policy, compile_for(reference, passes)
 
 
 def parameters_in(model: nn.Module, dtype: str, linear_only: bool = False) -> nn.Module:

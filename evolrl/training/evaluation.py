@@ -5,15 +5,16 @@
 
 from __future__ import annotations
 
-from evolrl.types import EvalOutput, EvalSource
+from typing import Any
+
+from evolrl.types import EvalOutput, RolloutBatch
 
 
-def grade_request(request: EvalSource) -> EvalOutput:
-    """A validation/test batch sampled and graded by its evaluation set's grader (answers, correctness
-    ``[problems][n]``)."""
+def grade_request(request: Any, rollouts: RolloutBatch) -> EvalOutput:
+    """A validation/test batch's ``rollouts`` graded by the grader of its ``request``'s evaluation set (answers,
+    correctness ``[problems][n]``)."""
     if request.eval_set is None:
         raise ValueError("grade_request needs an evaluation batch (a request with its eval_set)")
-    rollouts = request.sample()
     grader = request.eval_set.grader
     graded = [[grader(text, group.prompt.answer) for text in group.texts] for group in rollouts.groups]
     return EvalOutput(dataset=request.eval_set.name, answers=[[a for a, _ in row] for row in graded],

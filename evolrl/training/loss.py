@@ -9,8 +9,7 @@ it is declared. Per pass it computes, from the per-token log-probs and entropies
 * plus ``kl_coef`` times the low-variance KL to the frozen reference;
 
 each aggregated with the mini-batch's normalizer (fixed before the micro-batch loop, so accumulation does not change
-the math). The update (``update.py``) runs the passes and the optimizer; it owns no part of the formula, and sums the
-terms of a step's passes in a :class:`StepTotals`.
+the math). The update (``update.py``) runs the passes and the optimizer; it owns no part of the formula.
 """
 
 from __future__ import annotations
@@ -30,9 +29,7 @@ from evolrl.algorithms import (
     TokenMean,
     low_var_kl,
     mismatch_sums,
-    mismatch_summary,
 )
-from evolrl.distributed import all_reduce
 from evolrl.logprobs import Sequences
 from evolrl.settings import check_float, require
 
@@ -67,7 +64,7 @@ class GRPOLoss:
 
     def as_dict(self) -> dict:
         """The settings as plain values (a chosen class as its ``class_path`` and ``init_args``), as in a config."""
-        return asdict(self) | {name: plain(getattr(self, name))
+        return asdict(self) | {name: as_config(getattr(self, name))
                                for name in ("policy_loss", "aggregation", "mismatch_correction")}
 
     def correct(self, old: Tensor, seqs: Sequences) -> tuple[Tensor | None, tuple[Tensor, Tensor]]:
@@ -87,7 +84,7 @@ class GRPOLoss:
                                   normalizer=normalizer, weights=weights)
 
 
-def plain(choice: object | None) -> dict | None:
+def as_config(choice: object | None) -> dict | None:
     """A chosen class (a frozen dataclass) as its ``class_path`` and ``init_args``, as in a config; ``None`` as is."""
     if choice is None:
         return None
@@ -119,27 +116,3 @@ def _loss_of(compiled: bool) -> Callable:
     """:func:`pass_loss`, or with ``compiled`` (``Batching.compile_blocks``) its ``torch.compile``d form (shapes
     dynamic): its two dozen elementwise operators and reductions, forward and backward, as a few fused kernels."""
     return torch.compile(pass_loss, dynamic=True) if compiled else pass_loss
-
-
-class StepTotals:
-    """A training step's loss terms summed on the device and read once at the end (no sync per term), and its
-    passes' mismatch sums, reduced over the ranks at the end (two all-reduces per step)."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, Tensor] = {}
-        self.mismatch: list[tuple[Tensor, Tensor]] = []
-
-    def add(self, terms: dict[str, Tensor], measured: tuple[Tensor, Tensor] | None = None) -> None:
-        for name, value in terms.items():
-            self.sums[name] = self.sums.get(name, 0.0) + value
-        if measured is not None:
-            self.mismatch.append(measured)
-
-    def summary(self, mini_batches: int, correction: MismatchCorrection | None) -> dict[str, float]:
-        """Each term's mean over the mini-batches; ``mismatch/*`` over all passes on all ranks."""
-        stats = dict(zip(self.sums, torch.stack(list(self.sums.values())).div(mini_batches).tolist()))
-        if self.mismatch:
-            totals, maxima = zip(*self.mismatch)
-            total, top = all_reduce(torch.stack(totals).sum(0), "sum"), all_reduce(torch.stack(maxima).amax(0), "max")
-            stats |= {f"mismatch/{k}": v for k, v in mismatch_summary(total, top, correction).items()}
-        return stats

@@ -6,9 +6,10 @@
   they are decoupled PPO's proximal policy; the sampler's are the behaviour's (``evolrl/rollout/supply.py``).
 * A reference model exists only when ``kl_coef > 0``; the policy's weights stay in ``dtype`` under bf16 precision,
   only copies are bf16 (``build.py``). Under bf16-mixed the update clears autocast's weight cache per optimizer step.
-* The step takes its rollouts from the data module by name, and hands it the new weights at its end
-  (``evolrl/rollout/sampler.py``); rollouts more than ``max_staleness`` versions old are refused. A data module of
-  recorded rollouts samples nothing: its batches are trained as they are.
+* The step takes its rollouts from its sampler, the data module held as an ``evolrl.types.Sampler``, by name, and
+  hands it the new weights at its end (``evolrl/rollout/sampler.py``); the loader's batch is a plain request of
+  prompts. Rollouts more than ``max_staleness`` versions old are refused. A data module of recorded rollouts samples
+  nothing: its batches are trained as they are.
 * A "step" is a training step everywhere (``global_step``, ``max_steps``, checkpoints, curves, ``val_check_interval``):
   one rollout batch, however many optimizer steps it takes.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 from functools import partial
+from typing import Any
 
 import lightning as L
 import torch
@@ -27,19 +29,19 @@ from evolrl.callbacks import missing_defaults
 from evolrl.logprobs import check, keep_freed_memory
 from evolrl.lora import LoRA, adapter_state, check_targets, with_base
 from evolrl.models import empty_policy, model_config
-from evolrl.reward_hooks import RewardHooks
 from evolrl.rewards import EvolReward, Reward
 from evolrl.run_check import check_run
 from evolrl.settings import check_choice, require
 from evolrl.training.batching import Batching
 from evolrl.training.build import DTYPES, Dtypes, Frozen, build_models
 from evolrl.training.evaluation import grade_request
-from evolrl.training.loss import GRPOLoss, plain
+from evolrl.training.loss import GRPOLoss, as_config
 from evolrl.training.optim import CountedOnce, Optimization, build_optimizer, start_schedule_once
+from evolrl.training.reward_hooks import RewardHooks
 from evolrl.training.run_checks import FlatRewardCheck
 from evolrl.training.scoring import Scoring, fewest, fresh, lag, score_rounds
 from evolrl.training.update import GRPOUpdate
-from evolrl.types import EvalOutput, RolloutBatch, RolloutSource, StepOutput
+from evolrl.types import EvalOutput, RolloutBatch, Sampler, StepOutput
 
 
 class EvolRLModule(L.LightningModule):
@@ -96,7 +98,7 @@ class EvolRLModule(L.LightningModule):
         # Plain values only, so checkpoints load with torch.load(weights_only=True).
         self.save_hyperparameters({
             "model": model, "advantages": asdict(advantages), "loss": loss.as_dict(),
-            "overlong": plain(overlong), "optim": asdict(optim), "batching": asdict(batching), "dtype": dtype,
+            "overlong": as_config(overlong), "optim": asdict(optim), "batching": asdict(batching), "dtype": dtype,
             "reference_dtype": reference_dtype, "fsdp_param_dtype": fsdp_param_dtype,
             "gradient_checkpointing": gradient_checkpointing, "lora": asdict(lora) if lora is not None else None,
         })
@@ -108,7 +110,8 @@ class EvolRLModule(L.LightningModule):
         require(overlong is None or isinstance(overlong, Overlong), "EvolRLModule.overlong", overlong,
                 allowed="null, evolrl.algorithms.OverlongPenalty or evolrl.algorithms.OverlongMask")
         self.overlong = overlong
-        self.update = GRPOUpdate(loss, batching, optim.max_grad_norm, optim.max_consecutive_skips)
+        self.update = GRPOUpdate(loss, batching, optim.max_grad_norm, optim.max_consecutive_skips,
+                                 backward=self.manual_backward)
         self.optim_cfg = optim
         self.dtype_name, self.reference_dtype, self.fsdp_param_dtype = dtype, reference_dtype, fsdp_param_dtype
         require(isinstance(gradient_checkpointing, int) and gradient_checkpointing >= 0,  # a bool is an int
@@ -150,8 +153,7 @@ class EvolRLModule(L.LightningModule):
         self.policy, reference = build_models(
             self.model_name, dtypes, with_reference=self.update.loss.kl_coef > 0, mesh=mesh,
             device=self.trainer.strategy.root_device, gradient_checkpointing=self.gradient_checkpointing,
-            trust_remote_code=self.trust_remote_code, packed=self.update.batching.packed,
-            compiled=self.update.batching.compile_blocks, flex=self.update.batching.flex_attention, lora=self.lora)
+            trust_remote_code=self.trust_remote_code, passes=self.update.batching.passes, lora=self.lora)
         self.reference = Frozen(reference) if reference is not None else None
 
     def configure_optimizers(self):  # the trainable parameters: all, or the adapters of a LoRA run
@@ -180,15 +182,13 @@ class EvolRLModule(L.LightningModule):
     def on_fit_start(self) -> None:
         if self.reference is not None and isinstance(self.reference.model, torch.nn.Module):  # not LoRA's
             self.reference.model.to(self.device)
-        b = self.update.batching
-        check(self.policy, self.device, packed=b.packed, flex=b.flex_attention, fused_head=b.fused_head,
-              compiled=b.compile_blocks, shared_prompts=b.shared_prompts,
+        check(self.policy, self.device, self.update.batching.passes,
               precision=self.trainer.precision_plugin.forward_context)
 
     @property
-    def sampler(self):  # the data module when it samples (an ``evolrl.rollout.Sampler``); none: recorded rollouts
+    def sampler(self) -> Sampler | None:  # the data module when it samples; none: recorded rollouts
         data = self.trainer.datamodule
-        return data if callable(getattr(data, "next_rollouts", None)) and hasattr(data, "hand_weights") else None
+        return data if isinstance(data, Sampler) else None
 
     def on_train_start(self) -> None:  # not at fit's start: a sharded checkpoint is restored after on_fit_start
         self.sampler.hand_weights(self.policy, new=False) if self.sampler is not None else None
@@ -198,17 +198,19 @@ class EvolRLModule(L.LightningModule):
     on_validation_start = on_test_start = on_train_start
 
     # ---- one training step --------------------------------------------------------------
-    def training_step(self, batch: RolloutBatch | RolloutSource, batch_idx: int) -> StepOutput:
+    def training_step(self, batch: RolloutBatch | Any, batch_idx: int) -> StepOutput:
         t0, step, sampler = time.perf_counter(), self.trainer.global_step, self.sampler
-        rollouts = fresh(sampler.next_rollouts(batch) if sampler else batch, step, getattr(sampler, "max_staleness", 0))
+        recorded = isinstance(batch, RolloutBatch)  # trained as it is; else the loader's request, sampled now
+        rollouts = fresh(batch if recorded else sampler.next_rollouts(batch), step, sampler.max_staleness if sampler
+                         else 0)
         t1 = time.perf_counter()
-        taught = self.reward_hooks.before_step(step)
+        before = self.reward_hooks.before_step(step)  # what the reward's own work before scoring logs (a teacher's)
         scoring = Scoring(self.reward, self.advantages, self.overlong, self.device,
                           policy_pass=lambda seqs, temperature: self.update.policy_pass(self.policy, seqs, temperature),
                           vocabulary=self.policy.get_output_embeddings().weight.shape[0], step=step,
                           context=self.reward_hooks.context)
-        # rewards [P, V], trained [P, G]; with dynamic sampling, the groups kept over the step's rounds
-        scored = score_rounds(scoring, rollouts, None if isinstance(batch, RolloutBatch) else batch,
+        further = sampler.further_rollouts if sampler else None  # dynamic sampling's next rounds, if any
+        scored = score_rounds(scoring, rollouts, 1 if recorded else batch.max_rounds, further,  # kept over the rounds
                               partial(fewest, self.trainer.strategy, self.device))
         t2 = time.perf_counter()
         self.flat_rewards(scored.advantages)
@@ -216,19 +218,17 @@ class EvolRLModule(L.LightningModule):
         start_schedule_once(self.lr_schedulers(), self.trainer, self.update.optimizer_steps(rollouts.trained.numel()))
         optimizer = CountedOnce(self.optimizers(), self.trainer.strategy, self.update.optimizer_steps(len(seqs)))
         stats = self.update(self.policy, self.reference.model if self.reference else None, seqs,
-                            temperature=rollouts.temperature, optimizer=optimizer, scheduler=self.lr_schedulers(),
-                            backward=self.manual_backward, world_size=self.trainer.world_size,
-                            policy_pass=scored.policy_pass, max_new_tokens=rollouts.max_new_tokens)
+                            temperature=rollouts.temperature, optimizer=optimizer, scheduler=self.lr_schedulers())
         t3 = time.perf_counter()
         sync = sampler.hand_weights(self.policy) if sampler else 0.0  # the next step samples with these weights
-        stats |= scored.stats | taught | {
+        stats |= scored.stats | before | {
             "advantage_abs": scored.advantages.abs().mean().item(),
             "lr": self.optimizers().param_groups[0]["lr"],
             "skipped_steps": float(self.update.skipped_steps),
             "lag": lag(rollouts, step),  # versions behind the policy it trains
         }
         timing = {"step": t3 - t0, "sample": t1 - t0, "reward": t2 - t1, "update": t3 - t2, "sync": sync,
-                  **(sampler.timings() if hasattr(sampler, "timings") else {}), **self.reward.timings()}
+                  **(sampler.timings() if sampler else {}), **self.reward.timings()}
         # Entropy, lengths and the label-free diagnostics: the callbacks (evolrl.callbacks) read the output.
         logged = {k if k.startswith("mismatch/") else f"train/{k}": v for k, v in stats.items() if k != "entropy"}
         self.log_dict(logged, on_step=True, batch_size=len(seqs))
@@ -240,7 +240,7 @@ class EvolRLModule(L.LightningModule):
 
     def validation_step(self, request, batch_idx: int, dataloader_idx: int = 0) -> EvalOutput:
         """The batch's problems sampled and graded; answers and correctness are ``[problems][n]``."""
-        return grade_request(request)
+        return grade_request(request, self.sampler.eval_rollouts(request))
 
     test_step = validation_step
 

@@ -2,12 +2,12 @@
 
 Every reward is called the same way, ``reward(rollouts, context)`` (``evolrl/rewards/base.py``). For a reward that
 reads the policy (``reward.needs_policy``: self-certainty, token entropy) the call's context holds one no-grad pass of
-the policy over the trained sequences (the ``policy_pass`` function, ``GRPOUpdate.policy_pass``), which the update
-then reuses for its old log-probs; for any other no pass is made here.
+the policy over the trained sequences (the ``policy_pass`` function, ``GRPOUpdate.policy_pass``), whose log-probs the
+sequences then carry as the update's old log-probs (``Sequences.old_logprobs``); for any other no pass is made here.
 
-Overlong shaping (``model.overlong``) acts on the rewards before the advantages and on the loss mask after them.
-Dynamic sampling (:func:`score_rounds`) scores round after round of prompts and keeps the groups whose trained
-rewards disagree, as many on every rank.
+Overlong shaping (``model.overlong``) acts on the rewards before the advantages and on the loss mask after them; its
+budget against the sampling's is ``evolrl.run_check``'s. Dynamic sampling (:func:`score_rounds`) scores round after
+round of prompts and keeps the groups whose trained rewards disagree, as many on every rank.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from evolrl.rewards.base import call_reward
 from evolrl.rewards.policy_signal import PolicySignal
 from evolrl.training.run_checks import check_rewards
 from evolrl.training.update import PolicyPass
-from evolrl.types import Components, RewardOutput, RolloutBatch, RolloutSource
+from evolrl.types import Components, RewardOutput, RolloutBatch
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,8 @@ class Scored:
     advantages: torch.Tensor
     """``[P, G]``, of the trained responses."""
     seqs: Sequences
-    """The trained responses, on the policy's device, their advantages set."""
-    policy_pass: PolicyPass | None
-    """The policy pass a reward read, for the update's old log-probs; ``None`` when the reward read none."""
+    """The trained responses, on the policy's device, their advantages set (and their old log-probs, where a reward
+    read the policy)."""
     rollouts: RolloutBatch
     """The groups scored (with dynamic sampling: those kept, from every round)."""
     stats: dict[str, float]
@@ -51,11 +50,10 @@ class Scored:
         return sum(lengths) / len(lengths)
 
 
-def fresh(batch: RolloutBatch | RolloutSource, step: int, max_staleness: int = 0) -> RolloutBatch:
-    """The step's first rollouts (sampled now, for a request), refused if sampled with weights more than
+def fresh(rollouts: RolloutBatch, step: int, max_staleness: int = 0) -> RolloutBatch:
+    """``rollouts``, checked fresh enough to train at ``step``: refused if sampled with weights more than
     ``max_staleness`` versions older than the policy's at ``step`` (or newer), or if they do not say at which
     temperature."""
-    rollouts = batch if isinstance(batch, RolloutBatch) else batch.sample()
     version = rollouts.weights_version
     if version is not None and not step - max_staleness <= version <= step:
         raise RuntimeError(f"stale rollouts: sampled with weights version {version}, but the policy is at version "
@@ -67,14 +65,14 @@ def fresh(batch: RolloutBatch | RolloutSource, step: int, max_staleness: int = 0
 
 
 def lag(rollouts: RolloutBatch, step: int) -> float:
-    """How many versions the weights ``rollouts`` were sampled with are behind the policy's at ``step`` (0 where
-    unknown)."""
+    """How many weight versions ``rollouts`` are behind the policy at ``step``: 0 on-policy, up to ``max_staleness``
+    off-policy (0 where unknown); logged as ``train/lag``."""
     return float(step - rollouts.weights_version) if rollouts.weights_version is not None else 0.0
 
 
 def fewest(strategy, device: torch.device, count: int) -> int:
-    """The smallest ``count`` over the ranks of ``strategy`` (dynamic sampling's rounds and groups: the same on every
-    rank)."""
+    """The smallest ``count`` over the ranks of ``strategy`` (a collective): dynamic sampling keeps as many groups,
+    and samples as many rounds, on every rank."""
     return int(strategy.reduce(torch.tensor(count, device=device), reduce_op="min").item())
 
 
@@ -102,19 +100,20 @@ class Scoring:
         """Rewards ``[P, V]`` (shaped), group advantages of the trained ``[P, G]`` and their sequences (scored under
         the temperature the rollouts were sampled at)."""
         seqs = trained_sequences(rollouts, torch.zeros(rollouts.trained.shape), PAD_ID).to(self.device)
-        passed, context = None, self.context
-        if self.reward.needs_policy:
+        context = self.context
+        if self.reward.needs_policy:  # its old log-probs spare the update a pass
             passed = self.policy_pass(seqs, rollouts.temperature)
+            seqs = replace(seqs, old_logprobs=passed.logp)
             context = replace(context, policy=PolicySignal.from_tokens(
                 rollouts.trained, seqs.response_mask, logp=passed.logp, entropy=passed.entropy,
                 mean_logp=passed.mean_logp, vocabulary=self.vocabulary))
         rewards = call_reward(self.reward, rollouts, context)
         check_rewards(self.reward, rewards, rollouts.trained, self.step)
-        rewards, stats = self.shape(rollouts, rewards)
+        rewards, stats = self.shaping(rollouts, rewards)
         advantages = self.reward.advantages(rewards, rollouts.trained, self.advantages_of)  # [P, G]
         seqs, masked = self.mask(rollouts, rewards,
                                  replace(seqs, advantages=advantages.reshape(-1).float().to(self.device)))
-        return Scored(rewards, advantages, seqs=seqs, policy_pass=passed, rollouts=rollouts, stats=stats | masked)
+        return Scored(rewards, advantages, seqs=seqs, rollouts=rollouts, stats=stats | masked)
 
     def mask(self, rollouts: RolloutBatch, rewards: RewardOutput, seqs: Sequences
              ) -> tuple[Sequences, dict[str, float]]:
@@ -131,14 +130,13 @@ class Scoring:
         left_out = left_out.gather(1, rollouts.trained).reshape(-1, 1).to(self.device)
         return replace(seqs, response_mask=seqs.response_mask & ~left_out), stats
 
-    def shape(self, rollouts: RolloutBatch, rewards: RewardOutput) -> tuple[RewardOutput, dict[str, float]]:
-        """The rewards with the overlong penalty added, and the share of responses it touched."""
+    def shaping(self, rollouts: RolloutBatch, rewards: RewardOutput) -> tuple[RewardOutput, dict[str, float]]:
+        """Reward shaping: the rewards with the overlong penalty added, and the share of responses it touched."""
         if self.overlong is None:
             return rewards, {}
         budget = rollouts.max_new_tokens
         if budget is None:
             raise ValueError("overlong shaping needs the rollout batch's max_new_tokens (RolloutBatch.max_new_tokens)")
-        self.overlong.check(budget)
         lengths = torch.tensor([[len(ids) for ids in g.response_ids] for g in rollouts.groups])
         penalty = self.overlong.penalty(lengths, _truncated(rollouts), budget)
         if penalty is None:
@@ -153,17 +151,18 @@ def score(reward: Reward, advantages_of: GroupAdvantages, rollouts: RolloutBatch
     return Scoring(reward, advantages_of, None, device, policy_pass, vocabulary)(rollouts)
 
 
-def score_rounds(scoring: Scoring, first: RolloutBatch, source: RolloutSource | None,
+def score_rounds(scoring: Scoring, first: RolloutBatch, max_rounds: int, further: Callable[[int], RolloutBatch],
                  fewest: Callable[[int], int]) -> Scored:
-    """``first`` scored; with dynamic sampling (``source.max_rounds > 1``) its agreeing groups dropped and further
-    rounds of prompts scored until every rank has kept as many groups as ``first`` has, or the rounds are spent.
+    """``first`` scored; with dynamic sampling (``max_rounds > 1``) its agreeing groups dropped and further rounds of
+    prompts (``further(round)``: the sampler's next prompts' rollouts) scored until every rank has kept as many
+    groups as ``first`` has, or the rounds are spent.
 
     ``fewest(n)`` is the smallest ``n`` over the ranks (the same calls on every rank, so no collective hangs); every
     rank then trains on that many groups, its first kept. Where no rank kept any, the step trains on ``first`` as it
     was sampled (its advantages zero: only the entropy and KL terms act), as it would without dynamic sampling.
     """
     scored = scoring(first)
-    if source is None or source.max_rounds <= 1:
+    if max_rounds <= 1:
         return scored
     wanted, rounds, parts = first.num_prompts, 1, []
 
@@ -174,9 +173,8 @@ def score_rounds(scoring: Scoring, first: RolloutBatch, source: RolloutSource | 
         return len(rows)
 
     kept = keep(scored)
-    while rounds < source.max_rounds and fewest(kept) < wanted:
-        source = source.more(rounds)
-        kept += keep(scoring(source.sample()))
+    while rounds < max_rounds and fewest(kept) < wanted:
+        kept += keep(scoring(further(rounds)))
         rounds += 1
     trained = min(fewest(kept), wanted)
     penalized = [part.stats["overlong/penalized"] for part, _ in parts if "overlong/penalized" in part.stats]
@@ -194,8 +192,8 @@ def score_rounds(scoring: Scoring, first: RolloutBatch, source: RolloutSource | 
 
 def _joined(scoring: Scoring, picks: list[tuple[Scored, list[int]]], shaped: dict[str, float],
             stats: dict[str, float]) -> Scored:
-    """The groups ``picks`` (each scored part's rows) as one scored step, in order; the sequences rebuilt (the
-    policy pass a reward read is not: the update makes its own)."""
+    """The groups ``picks`` (each scored part's rows) as one scored step, in order; the sequences rebuilt (without
+    the old log-probs of a pass a reward read: the update makes its own)."""
     groups = tuple(p.rollouts.groups[r] for p, rows in picks for r in rows)
     take = [torch.tensor(rows) for _, rows in picks]
     first = picks[0][0].rollouts
@@ -210,7 +208,7 @@ def _joined(scoring: Scoring, picks: list[tuple[Scored, list[int]]], shaped: dic
                            components=Components(components, names))
     advantages = torch.cat([p.advantages[t] for (p, _), t in zip(picks, take)])
     seqs, masked = scoring.mask(rollouts, rewards, trained_sequences(rollouts, advantages, PAD_ID).to(scoring.device))
-    return Scored(rewards, advantages, seqs=seqs, policy_pass=None, rollouts=rollouts, stats=shaped | masked | stats)
+    return Scored(rewards, advantages, seqs=seqs, rollouts=rollouts, stats=shaped | masked | stats)
 
 
 def _left_out(rewards: RewardOutput) -> torch.Tensor:

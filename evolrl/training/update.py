@@ -15,7 +15,9 @@ count fixed before the micro-batch loop, whatever is masked on which rank.
 
 The loss's formula is ``loss.py``'s. :class:`GRPOUpdate` holds the settings and owns the micro-batch plan and the
 forward pass; the policy, the reference, the sequences, the optimizer and the schedule are arguments, so it runs without
-a Trainer (``tests/test_update.py``).
+a Trainer (``tests/test_update.py``). What a step's sequences bring with them (the old log-probs of a pass a reward
+read, the response budget a constant normalizer reads) travels on the :class:`~evolrl.logprobs.Sequences`, and the
+step's loss terms add up in a :class:`StepTotals`.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from evolrl.distributed import all_reduce, gathered_until_backward, sync_gradients
+from evolrl.algorithms import MismatchCorrection, mismatch_summary
+from evolrl.distributed import all_reduce, gathered_until_backward, sync_gradients, world_size
 from evolrl.logprobs import Sequences, token_stats
 from evolrl.training.batching import Batching
-from evolrl.training.loss import GRPOLoss, StepTotals
+from evolrl.training.loss import GRPOLoss
 from evolrl.training.plan import Plan, lockstep, micro_batch_plan, mini_batch_ranges, token_budget_plan
 from evolrl.training.run_checks import too_many_skips
 
@@ -41,7 +44,7 @@ class PolicyPass:
     token ``[N, T - 1]`` (0 where nothing is scored)."""
 
     logp: Tensor
-    """The log-prob of each token: the update's old log-probs, if it is given this pass."""
+    """The log-prob of each token: the update's old log-probs, once set as the sequences' ``old_logprobs``."""
     entropy: Tensor
     """The entropy of each token's distribution."""
     mean_logp: Tensor
@@ -56,12 +59,13 @@ class GRPOUpdate:
         batching: Mini-batches, micro-batches and how a pass runs.
         max_grad_norm: Gradient-norm clip; a mini-batch whose norm is not finite is skipped and counted.
         max_consecutive_skips: Skipped optimizer steps in a row tolerated; one more raises ``TrainingStopped``.
+        backward: How a pass's loss is differentiated: Lightning's ``manual_backward`` in a run (the module's).
     """
 
-    def __init__(self, loss: GRPOLoss, batching: Batching, max_grad_norm: float,
-                 max_consecutive_skips: int = 3) -> None:
+    def __init__(self, loss: GRPOLoss, batching: Batching, max_grad_norm: float, max_consecutive_skips: int = 3,
+                 backward: Callable[[Tensor], None] = Tensor.backward) -> None:
         self.loss, self.batching, self.max_grad_norm = loss, batching, max_grad_norm
-        self.max_consecutive_skips = max_consecutive_skips
+        self.max_consecutive_skips, self.backward = max_consecutive_skips, backward
         self.skipped_steps = self.skips_in_a_row = 0
         """Optimizer steps skipped (the gradient norm not finite) so far, and since the last applied one."""
 
@@ -79,12 +83,10 @@ class GRPOUpdate:
         return len(mini_batch_ranges(sequences_per_step, self.batching.mini_batch_size))
 
     def forward(self, model: nn.Module, seqs: Sequences, temperature: float, vocab_mean: bool = False,
-                chunk_size: int | None = None) -> tuple[Tensor, ...]:
-        """``token_stats`` of ``model`` over ``seqs`` as the settings say; ``chunk_size`` ``None``: the no-grad one."""
+                train: bool = False) -> tuple[Tensor, ...]:
+        """``token_stats`` of ``model`` over ``seqs`` as the batching says (``train``: a training pass's)."""
         b = self.batching
-        return token_stats(model, seqs, temperature, chunk_size=chunk_size or b.logprob_chunk_size, packed=b.packed,
-                           fused_head=b.fused_head, compiled=b.compile_blocks, vocab_mean=vocab_mean,
-                           shared_prompts=b.shared_prompts)
+        return token_stats(model, seqs, temperature, b.train_passes if train else b.passes, vocab_mean=vocab_mean)
 
     @staticmethod
     def micro_batch(seqs: Sequences, rows: list[int]) -> Sequences:
@@ -125,26 +127,23 @@ class GRPOUpdate:
 
     def policy_pass(self, policy: nn.Module, seqs: Sequences, temperature: float) -> PolicyPass:
         """The policy over ``seqs`` without gradients: per token ``[N, T - 1]`` the log-prob (the old log-probs of
-        every mini-batch, if the update is then given this pass), the entropy and the vocabulary's mean log-prob (what
-        a reward that reads the policy needs)."""
+        every mini-batch, set as ``seqs.old_logprobs``), the entropy and the vocabulary's mean log-prob (what a reward
+        that reads the policy needs)."""
         return PolicyPass(*self.no_grad_stats(policy, seqs, list(range(len(seqs))), temperature, vocab_mean=True))
 
     def __call__(self, policy: nn.Module, reference: nn.Module | None, seqs: Sequences, temperature: float,
-                 optimizer, scheduler, backward: Callable[[Tensor], None] = Tensor.backward,
-                 world_size: int = 1, policy_pass: PolicyPass | None = None,
-                 max_new_tokens: int | None = None) -> dict[str, float]:
-        """Train on ``seqs``; the mean of each loss term over the mini-batches. With ``policy_pass`` (:meth:`policy_pass` of
-        these sequences, before any change to the policy), its plan and old log-probs are used; ``max_new_tokens``,
-        the budget the responses were sampled with, is what a constant normalizer (Dr. GRPO) reads.
+                 optimizer, scheduler) -> dict[str, float]:
+        """Train on ``seqs``; the mean of each loss term over the mini-batches. Their ``old_logprobs``, where set
+        (:meth:`policy_pass` before any change to the policy), are every mini-batch's old log-probs; their
+        ``max_new_tokens`` is what a constant normalizer (Dr. GRPO) reads.
 
         Plan, then per mini-batch its passes (:meth:`train_pass`) and one optimizer step (:meth:`optimizer_step`).
-        ``backward`` is the caller's (Lightning's ``manual_backward``); ``world_size`` scales the global normalizer
-        because data-parallel gradients are averaged.
         """
         if self.loss.mismatch_correction is not None and seqs.sampler_logprobs is None:
             raise ValueError(f"mismatch_correction={self.loss.mismatch_correction!r} needs the sampler's log-probs, "
                              "and the rollout engine reported none")
-        hold = self.batching.holds_gathered(world_size)
+        ranks = world_size()  # data-parallel ranks, whose gradients are averaged
+        hold = self.batching.holds_gathered(ranks)
         with gathered_until_backward(policy, hold), _synced_after(policy):
             plan = self.plan(seqs)
             minis = mini_batch_ranges(len(seqs), self.batching.mini_batch_size)
@@ -154,38 +153,39 @@ class GRPOUpdate:
                 ref_logp = None if reference is None else self.no_grad_stats(
                     reference, seqs, rows=list(range(len(seqs))), temperature=temperature)[0]
             # The first mini-batch's old log-probs are its own passes' (detached): the policy has not changed yet.
-            old_logp = policy_pass.logp if policy_pass is not None else self.no_grad_stats(
+            given = seqs.old_logprobs is not None
+            old_logp = seqs.old_logprobs if given else self.no_grad_stats(
                 policy, seqs, rows=list(range(minis[0].stop, len(seqs))), temperature=temperature)[0]
             totals = StepTotals()
             for i, (minibatch, rows) in enumerate(zip(plan, minis)):
                 # Fixed before the micro-batch loop: accumulation does not change the loss.
-                local = self.loss.aggregation.normalizer(seqs.response_mask[rows.start : rows.stop], max_new_tokens)
-                normalizer = (all_reduce(local.float()) / world_size).clamp(min=1e-30)  # none: a gated mini-batch
+                mask = seqs.response_mask[rows.start : rows.stop]
+                local = self.loss.aggregation.normalizer(mask, seqs.max_new_tokens)
+                normalizer = (all_reduce(local.float()) / ranks).clamp(min=1e-30)  # none: a gated mini-batch
                 for j, micro in enumerate(minibatch):
                     last = j == len(minibatch) - 1
                     sync_gradients(policy, last or self.batching.reduce_every_pass, hold=hold and not last)
                     part = self.micro_batch(seqs, micro)
                     terms, measured = self.train_pass(
-                        policy, part, temperature=temperature, normalizer=normalizer, backward=backward,
-                        old=_rows_of(old_logp, micro, part) if policy_pass is not None or i > 0 else None,
+                        policy, part, temperature=temperature, normalizer=normalizer,
+                        old=_rows_of(old_logp, micro, part) if given or i > 0 else None,
                         ref=None if ref_logp is None else _rows_of(ref_logp, micro, part))
                     totals.add(terms, measured)
                 totals.add({"grad_norm": self.optimizer_step(policy, optimizer, scheduler)})
             return totals.summary(len(plan), self.loss.mismatch_correction)
 
     def train_pass(self, policy: nn.Module, part: Sequences, temperature: float, old: Tensor | None,
-                   ref: Tensor | None, normalizer: Tensor,
-                   backward: Callable[[Tensor], None]) -> tuple[dict[str, Tensor], tuple[Tensor, Tensor] | None]:
+                   ref: Tensor | None, normalizer: Tensor) -> tuple[dict[str, Tensor], tuple[Tensor, Tensor] | None]:
         """One forward/backward pass: the loss terms (detached, aggregated with the mini-batch's ``normalizer``) and,
         when the engine reported log-probs, the pass's mismatch sums. ``old`` ``None``: the pass's own log-probs (the
         first mini-batch, before any step)."""
-        logp, entropy = self.forward(policy, part, temperature, chunk_size=self.batching.train_logprob_chunk_size)
+        logp, entropy = self.forward(policy, part, temperature, train=True)
         old = old if old is not None else logp.detach()
         weights, measured = self.loss.correct(old, part) if part.sampler_logprobs is not None else (None, None)
         loss, terms = self.loss(logp, entropy, old=old, ref=ref, advantages=part.advantages[:, None],
                                 mask=part.response_mask, normalizer=normalizer, weights=weights,
                                 compiled=self.batching.compile_blocks)
-        backward(loss)
+        self.backward(loss)
         return terms, measured
 
     def optimizer_step(self, policy: nn.Module, optimizer, scheduler) -> Tensor:
@@ -224,3 +224,27 @@ def _rows_of(values: Tensor, rows: list[int], part: Sequences) -> Tensor:
     """``[N, T - 1]`` per-token ``values`` of a step, as a pass over ``part`` (its ``rows``) returns them: those rows,
     as wide as the part's; zeros for a filler."""
     return values[rows, : part.response_mask.shape[1]] if rows else values.new_zeros(part.response_mask.shape)
+
+
+class StepTotals:
+    """A training step's loss terms summed on the device and read once at the end (no sync per term), and its
+    passes' mismatch sums, reduced over the ranks at the end (two all-reduces per step)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, Tensor] = {}
+        self.mismatch: list[tuple[Tensor, Tensor]] = []
+
+    def add(self, terms: dict[str, Tensor], measured: tuple[Tensor, Tensor] | None = None) -> None:
+        for name, value in terms.items():
+            self.sums[name] = self.sums.get(name, 0.0) + value
+        if measured is not None:
+            self.mismatch.append(measured)
+
+    def summary(self, mini_batches: int, correction: MismatchCorrection | None) -> dict[str, float]:
+        """Each term's mean over the mini-batches; ``mismatch/*`` over all passes on all ranks."""
+        stats = dict(zip(self.sums, torch.stack(list(self.sums.values())).div(mini_batches).tolist()))
+        if self.mismatch:
+            totals, maxima = zip(*self.mismatch)
+            total, top = all_reduce(torch.stack(totals).sum(0), "sum"), all_reduce(torch.stack(maxima).amax(0), "max")
+            stats |= {f"mismatch/{k}": v for k, v in mismatch_summary(total, top, correction).items()}
+        return stats

@@ -132,6 +132,7 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
     mesh). ``profile``: the kernels (``update_profile.cuda_profile``); ``compiled``: ``Batching.compile_blocks``;
     ``flex``: ``Batching.flex_attention`` (packed passes); ``optimizer``: the module's AdamW or plain SGD (no state: a
     shape whose AdamW moments do not fit)."""
+    from evolrl.logprobs import Passes
     from evolrl.training import Batching, GRPOLoss, GRPOUpdate, Optimization
     from evolrl.training.build import Dtypes, build_models
     from evolrl.training.optim import build_optimizer, start_schedule
@@ -145,8 +146,8 @@ def run_case(model: str, draws: list[list[int]], prompt: int, seed: int, path: s
     mesh = one_process_mesh() if cuda else None
     policy, reference = build_models(model, Dtypes.resolve(precision, "float32"), with_reference=kl_coef > 0,
                                      mesh=mesh, device=torch.device(device),
-                                     gradient_checkpointing=gradient_checkpointing, packed=packed, compiled=compiled,
-                                     flex=flex and packed)
+                                     gradient_checkpointing=gradient_checkpointing, 
+                                     passes=Passes(packed=packed, compiled=compiled, flex=flex and packed))
     batching = Batching(mini_batch_size=mini_batch, micro_batch_size=micro_batch, logprob_chunk_size=chunk,
                         max_tokens_per_micro_batch=budget if packed else None, packed=packed,
                         compile_blocks=compiled, flex_attention=flex and packed, shared_prompts=path == "shared")

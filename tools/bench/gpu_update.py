@@ -225,6 +225,7 @@ def number(text: str):
 
 
 def lr0(ctx: Context) -> tuple[bool, list[str], dict]:
+    from evolrl.logprobs import Passes
     from evolrl.training import Batching, GRPOLoss, GRPOUpdate, Optimization
     from evolrl.training.build import Dtypes, build_models
     from evolrl.training.optim import build_optimizer, start_schedule
@@ -256,7 +257,7 @@ def lr0(ctx: Context) -> tuple[bool, list[str], dict]:
     device = ctx.device
     policy, reference = build_models(str(model), Dtypes.resolve("bf16-mixed", "float32"), with_reference=True,
                                      mesh=bench_update.one_process_mesh(ctx.gpu), device=device,
-                                     gradient_checkpointing=True, packed=True)
+                                     gradient_checkpointing=True, passes=Passes(packed=True))
     loss = GRPOLoss(kl_coef=0.001, entropy_coef=0.003)
     batching = Batching(mini_batch_size=run["mini_batch"], micro_batch_size=1,
                         max_tokens_per_micro_batch=run["budget"], packed=True)

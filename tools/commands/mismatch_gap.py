@@ -55,7 +55,7 @@ def measure(configs: list[str], steps: int, engine_dtype: str | None, precision:
     dtypes = Dtypes.resolve(precision, module.dtype_name, reference=module.reference_dtype,
                             fsdp_param=module.fsdp_param_dtype)
     policy, _ = build_models(module.model_name, dtypes, with_reference=False, device=device,  # as configure_model
-                             trust_remote_code=module.trust_remote_code, packed=update.batching.packed)
+                             trust_remote_code=module.trust_remote_code, passes=update.batching.passes)
     policy = policy.to(device)
     rollouts.push(policy)
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if precision.startswith("bf16")

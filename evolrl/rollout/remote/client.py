@@ -1,7 +1,7 @@
 """A training rank's handle on its sampler process: start it, send it requests and weights, collect its batches.
 
 Every wait on the sampler polls its pipe and its liveness: a sampler that exits is an error within a second, one
-that answers nothing for ``SamplerProcess.timeout_s`` is an error then; either names the sampler (rank, pid, cores
+that answers nothing for ``data.sampler_process.timeout_s`` is an error then; either names the sampler (rank, pid, cores
 or GPU) and the last batch it returned. The start is ``torch.multiprocessing``'s spawn: a fresh interpreter, so the
 sampler inherits neither the trainer's threads nor its CUDA context.
 """
@@ -17,7 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 from evolrl.rollout.remote.channel import TrainerEnd
-from evolrl.rollout.remote.placement import SamplerProcess
+from evolrl.rollout.remote.placement import SamplerPlacement
 from evolrl.rollout.remote.worker import SamplerSpec, serve
 from evolrl.types import RolloutBatch
 
@@ -29,7 +29,7 @@ class SamplerFailed(RuntimeError):
 class RemoteSampler:
     """The trainer's side of one sampler process (see module docstring)."""
 
-    def __init__(self, placement: SamplerProcess, spec: SamplerSpec, device: torch.device) -> None:
+    def __init__(self, placement: SamplerPlacement, spec: SamplerSpec, device: torch.device) -> None:
         self.placement, self.spec = placement, spec
         self.channel = TrainerEnd(device, placement.timeout_s)
         context = mp.get_context("spawn")
@@ -158,7 +158,7 @@ class RemoteSampler:
             self.process.join()
 
 
-def pin_trainer(placement: SamplerProcess) -> tuple[set[int], int] | None:
+def pin_trainer(placement: SamplerPlacement) -> tuple[set[int], int] | None:
     """Keep this training process off every sampler's cores (and its thread count to the cores it keeps); what it
     had before, for :meth:`RemoteSampler.stop` to give back (``None``: nothing changed)."""
     if not placement.cpus:

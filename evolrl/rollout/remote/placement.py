@@ -28,9 +28,10 @@ def parse_cores(text: str, where: str) -> frozenset[int]:
 
 
 @dataclass(frozen=True)
-class SamplerProcess:
-    """The engine in a process of its own beside each training rank, taking the weights by an in-memory collective
-    (gloo on CPU, NCCL on GPUs); with ``data.max_staleness >= 1`` it samples while the trainer updates."""
+class SamplerPlacement:
+    """Where each training rank's sampler process runs (``data.sampler_process``): the engine in a process of its own
+    beside each rank, taking the weights by an in-memory collective (gloo on CPU, NCCL on GPUs); with
+    ``data.max_staleness >= 1`` it samples while the trainer updates. The process itself is ``client.py``'s."""
 
     cpus: tuple[str, ...] = ()
     """Cores of each rank's sampler, one entry per rank (e.g. ``["1"]``); the trainer keeps the others. Empty: not
@@ -45,21 +46,21 @@ class SamplerProcess:
     def __post_init__(self) -> None:
         object.__setattr__(self, "cpus", tuple(str(c) for c in self.cpus))
         object.__setattr__(self, "cuda_devices", tuple(self.cuda_devices))
-        sets = [parse_cores(c, f"SamplerProcess.cpus[{i}]") for i, c in enumerate(self.cpus)]
-        require(all(a.isdisjoint(b) for i, a in enumerate(sets) for b in sets[i + 1:]), "SamplerProcess.cpus",
+        sets = [parse_cores(c, f"data.sampler_process.cpus[{i}]") for i, c in enumerate(self.cpus)]
+        require(all(a.isdisjoint(b) for i, a in enumerate(sets) for b in sets[i + 1:]), "data.sampler_process.cpus",
                 list(self.cpus), allowed="disjoint core lists: one per rank's sampler")
-        require(all(isinstance(d, int) and d >= 0 for d in self.cuda_devices), "SamplerProcess.cuda_devices",
+        require(all(isinstance(d, int) and d >= 0 for d in self.cuda_devices), "data.sampler_process.cuda_devices",
                 list(self.cuda_devices), allowed="GPU indices, one per rank's sampler")
-        check_float("SamplerProcess.timeout_s", self.timeout_s, 0.0, low_open=True)
+        check_float("data.sampler_process.timeout_s", self.timeout_s, 0.0, low_open=True)
 
     def sampler_cores(self, rank: int) -> frozenset[int] | None:
-        return parse_cores(self.cpus[rank], f"SamplerProcess.cpus[{rank}]") if self.cpus else None
+        return parse_cores(self.cpus[rank], f"data.sampler_process.cpus[{rank}]") if self.cpus else None
 
     def all_sampler_cores(self) -> frozenset[int]:
-        return frozenset().union(*(parse_cores(c, "SamplerProcess.cpus") for c in self.cpus))
+        return frozenset().union(*(parse_cores(c, "data.sampler_process.cpus") for c in self.cpus))
 
 
-def check_placement(placement: SamplerProcess, world_size: int, trainer_devices: list[int] | None) -> None:
+def check_placement(placement: SamplerPlacement, world_size: int, trainer_devices: list[int] | None) -> None:
     """Usage errors, at the start of ``fit``, for a placement that does not fit this run: one entry per rank, cores
     this process may use with some left for the trainer, no GPU of the trainer's (``trainer_devices``: the CUDA
     indices it trains on; ``None`` on CPU)."""
