@@ -15,12 +15,15 @@ import pytest
 import torch
 from test_family_two import overlay_run
 
+from evolrl.algorithms import GroupAdvantages
 from evolrl.cli import main
-from evolrl.rewards import RewardContext, ScopeReward
+from evolrl.rewards import Reward, RewardContext, ScopeReward
 from evolrl.rewards.scope.confidence import step_bounds, vote_weight
 from evolrl.rewards.scope.subgroups import Partition, pareto_choice, partition, sizes, weighted_vote
 from evolrl.settings import SettingError
-from evolrl.types import Prompt, ResponseGroup, RolloutBatch
+from evolrl.training.reward_hooks import RewardHooks
+from evolrl.training.scoring import Scoring
+from evolrl.types import Prompt, ResponseGroup, RewardOutput, RolloutBatch
 from helpers import scalars
 
 
@@ -116,3 +119,29 @@ def test_an_engine_without_log_probs_stops_fit_at_start(tmp_path, tiny_model, ca
     err = capsys.readouterr().err
     assert "data.engine='HFEngine' is not allowed" in err and "report_logprobs" in err
     assert not list(tmp_path.rglob("events.out.tfevents*"))  # stopped before any step
+
+
+class Calls(Reward):
+    """Records each call's ``(step, call)``: what a reward's per-call seeds are keyed by."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int]] = []
+
+    def __call__(self, batch: RolloutBatch, context: RewardContext | None = None) -> RewardOutput:
+        self.seen.append((context.step, context.call))
+        return RewardOutput(torch.ones(batch.num_prompts, batch.group_size),
+                            answers=tuple((None,) * batch.group_size for _ in batch.groups),
+                            labels=(None,) * batch.num_prompts)
+
+
+def test_each_call_of_a_step_has_a_number_of_its_own_and_a_new_step_starts_at_0():
+    reward = Calls()
+    hooks = RewardHooks(reward)
+    group = ResponseGroup(Prompt("p", "q"), texts=("a", "b"), prompt_ids=(1, 2), response_ids=((5,), (6, 7)))
+    rollouts = RolloutBatch((group,), weights_version=0, trained=torch.tensor([[0, 1]]), temperature=1.0)
+    for step in (3, 4):
+        hooks.before_step(step)
+        scoring = Scoring(reward, GroupAdvantages(), None, torch.device("cpu"), policy_pass=None, vocabulary=300,
+                          context=hooks.context)
+        scoring(rollouts), scoring(rollouts)  # a step with a second round (dynamic sampling)
+    assert reward.seen == [(3, 0), (3, 1), (4, 0), (4, 1)]

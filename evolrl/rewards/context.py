@@ -31,6 +31,9 @@ class RewardContext:
     world_size: int = 1
     step: int = 0
     """The training step (0-based): the one about to run in :meth:`Reward.before_step` and in the call."""
+    call: int = 0
+    """The call's number within the step (0-based; dynamic sampling calls once per round): with :attr:`step`, the key
+    of a call's own seeds (:meth:`seed_for`)."""
     total_steps: int = 1
     """The run's training steps (for a schedule)."""
     policy: Any = None

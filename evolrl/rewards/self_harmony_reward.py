@@ -63,11 +63,6 @@ class SelfHarmonyReward(AnswerReward):
         if reframed_samples is not None:
             check_int("SelfHarmonyReward.reframed_samples", reframed_samples, 1)
         self.reframe, self.reframed_samples = reframe, reframed_samples
-        self.calls = 0
-
-    def before_step(self, context: RewardContext) -> dict[str, float]:
-        self.calls = 0  # the step's sampling rounds, each with seeds of its own
-        return {}
 
     def __call__(self, batch: RolloutBatch, context: RewardContext | None = None) -> RewardOutput:
         if context is None or context.sampler is None:
@@ -75,8 +70,7 @@ class SelfHarmonyReward(AnswerReward):
                             "score given reframed samples with SelfHarmonyReward.against")
         prompts = [g.prompt for g in batch.groups]
         asks = [Prompt(f"{p.id}/reframe", self.reframe.format(question=p.question)) for p in prompts]
-        key = (context.step, self.calls)
-        self.calls += 1
+        key = (context.step, context.call)  # each of a step's calls (dynamic sampling's rounds) samples anew
         rewrites = context.generate(asks, [context.encode(a.question) for a in asks], n=1,
                                     seed=context.seed_for("self_harmony:reframe", *key))
         reframed = [Prompt(p.id, g.texts[0], p.answer) for p, g in zip(prompts, rewrites)]

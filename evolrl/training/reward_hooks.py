@@ -53,12 +53,8 @@ class RewardHooks:
         self.reward.start(self.context)
 
     def before_step(self, step: int) -> dict[str, float]:
-        self.context.step = step
+        self.context.step, self.context.call = step, 0
         return self.reward.before_step(self.context)
-
-    def for_call(self, policy: Any = None) -> RewardContext:
-        """The context of one call: the step's, with the policy signal of a reward that reads the policy."""
-        return self.context if policy is None else replace(self.context, policy=policy)
 
 
 def total_steps(trainer: Any) -> int:

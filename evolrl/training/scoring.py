@@ -108,6 +108,7 @@ class Scoring:
                 rollouts.trained, seqs.response_mask, logp=passed.logp, entropy=passed.entropy,
                 mean_logp=passed.mean_logp, vocabulary=self.vocabulary))
         rewards = call_reward(self.reward, rollouts, context)
+        self.context.call += 1  # the step's next call (a further round) draws seeds of its own
         check_rewards(self.reward, rewards, rollouts.trained, self.step)
         rewards, stats = self.shaping(rollouts, rewards)
         advantages = self.reward.advantages(rewards, rollouts.trained, self.advantages_of)  # [P, G]

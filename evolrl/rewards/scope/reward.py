@@ -57,7 +57,6 @@ class ScopeReward(AnswerReward):
         require(isinstance(step_end, str) and step_end != "", "ScopeReward.step_end", step_end,
                 allowed="a non-empty string that ends a reasoning step")
         self.votes, self.lam, self.weight, self.step_end = votes, lam, weight, step_end
-        self.calls = 0
         self._texts: dict[int, str] = {}
 
     def check(self, context: RewardContext) -> None:
@@ -70,10 +69,6 @@ class ScopeReward(AnswerReward):
             require(self.votes <= group, "ScopeReward.votes", self.votes,
                     allowed=f"at most data.rollouts.vote_samples ({group}): the votes are drawn from the group")
 
-    def before_step(self, context: RewardContext) -> dict[str, float]:
-        self.calls = 0  # the step's sampling rounds, each with draws of its own
-        return {}
-
     def __call__(self, batch: RolloutBatch, context: RewardContext | None = None) -> RewardOutput:
         if context is None or context.tokenizer is None:
             raise TypeError("ScopeReward reads the sampled tokens through the run's tokenizer: train it with "
@@ -85,8 +80,7 @@ class ScopeReward(AnswerReward):
         decode = context.tokenizer.decode
         weights = torch.tensor([[vote_weight(lp, token_texts(decode, ids, self._texts), self.weight, self.step_end)
                                  for lp, ids in zip(g.sampler_logprobs, g.response_ids)] for g in batch.groups])
-        generator = torch.Generator().manual_seed(context.seed_for("scope", context.step, self.calls))
-        self.calls += 1
+        generator = torch.Generator().manual_seed(context.seed_for("scope", context.step, context.call))
         return self.against(batch, weights, generator)
 
     def against(self, batch: RolloutBatch, weights: torch.Tensor, generator: torch.Generator) -> RewardOutput:
