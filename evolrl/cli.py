@@ -219,8 +219,8 @@ def quiet_start() -> None:
 TOP_LEVEL = {
     "prog": "python -m evolrl",
     "description": "EVOL-RL and the other label-free rewards on PyTorch Lightning (README.md).",
-    "epilog": "python -m evolrl export CHECKPOINT OUT_DIR turns a checkpoint into a Hugging Face model directory; "
-              "python -m evolrl compare plan|run|commands|report compares methods over seeds (each: --help).",
+    "epilog": "python -m evolrl export CHECKPOINT OUT_DIR (python -m evolrl export --help) writes a Hugging Face model; "
+              "python -m evolrl compare plan|run|commands|report (--help) compares methods over seeds.",
 }
 """The top-level ``--help``: ``export`` and ``compare`` are not Trainer methods, so LightningCLI does not list them."""
 

@@ -69,7 +69,7 @@ def test_every_config_file_has_a_header_with_its_command():
     for path in CONFIGS.rglob("*.yaml"):
         text = path.read_text()
         assert text.startswith("#"), path
-        assert re.search(r"python -m evolrl (fit|validate|test) --config configs/", text), path
+        assert re.search(r"python -m evolrl (fit|validate|test|compare \S+) --config configs/", text), path
 
 
 def test_two_step_fit_from_the_cli_writes_tensorboard_scalars(tmp_path, tiny_model, minilm, monkeypatch):
@@ -131,7 +131,7 @@ def test_plot_dynamics_overlays_two_runs(tmp_path, tiny_model, minilm, monkeypat
 
 
 def test_seed_bands_are_the_mean_and_range_at_the_steps_every_seed_logged():
-    from tools.commands.plot_dynamics import seed_band
+    from evolrl.compare.figure import seed_band
 
     steps, mean, low, high = seed_band([[(0, 1.0), (5, 3.0), (10, 2.0)], [(0, 3.0), (5, 5.0)]])
     assert (steps, mean, low, high) == ([0, 5], [2.0, 4.0], [1.0, 3.0], [3.0, 5.0])
