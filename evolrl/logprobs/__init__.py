@@ -75,5 +75,4 @@ def token_stats(model: nn.Module, seqs: Sequences, temperature: float, passes: P
     each distinct prompt once and the responses on its KV cache, as ``passes`` say."""
     logprobs = (packed_logprobs if passes.packed else shared_prompt_logprobs if passes.shared_prompts
                 else sequence_logprobs)
-    return logprobs(model, seqs, temperature=temperature, chunk_size=passes.chunk_size, fused_head=passes.fused_head,
-                    vocab_mean=vocab_mean, compiled_head=passes.compiled)
+    return logprobs(model, seqs, temperature=temperature, passes=passes, vocab_mean=vocab_mean)

@@ -28,13 +28,13 @@ from torch import Tensor, nn
 
 from evolrl.logprobs.chunked_head import head_logprobs_and_entropy, head_token_stats
 from evolrl.logprobs.from_logits import logprobs_and_entropy, token_stats
+from evolrl.logprobs.passes import Passes, passes_with
 from evolrl.logprobs.sequences import Sequences
 from evolrl.settings import require
 
 
 def model_stats(model, inputs: dict, select: Callable[[Tensor], Tensor], targets: Tensor, temperature: float,
-                chunk_size: int, fused_head: bool = True, vocab_mean: bool = False,
-                compiled_head: bool = False) -> tuple[tuple[Tensor, ...], object]:
+                passes: Passes, vocab_mean: bool = False) -> tuple[tuple[Tensor, ...], object]:
     """``(log p(target), entropy)``, each like ``targets``, of ``softmax(logits / temperature)`` (with ``vocab_mean``,
     no gradients, for a reward that reads the policy: also the mean of ``log p`` over the vocabulary), and the model's
     output (its ``past_key_values``, say) with the statistics in place of its logits.
@@ -45,19 +45,19 @@ def model_stats(model, inputs: dict, select: Callable[[Tensor], Tensor], targets
         select: From the model's last output (hidden states or logits) ``[rows, width, ...]``, the positions whose
             next token is ``targets``, aligned with them.
         targets: ``[rows, length]`` the scored tokens.
-        compiled_head: With ``fused_head``, each chunk's softmax statistics and gradient through ``torch.compile``
-            (``chunked_head._chunk_fn``).
+        passes: Read here: ``fused_head``, ``chunk_size`` and ``compiled`` (with ``fused_head``, each chunk's
+            softmax statistics and gradient through ``torch.compile``, ``chunked_head._chunk_fn``).
     """
-    if not fused_head:
+    if not passes.fused_head:
         output = model(**inputs)
         stats = token_stats if vocab_mean else logprobs_and_entropy
-        return stats(select(output.logits), targets, temperature=temperature, chunk_size=chunk_size), output
+        return stats(select(output.logits), targets, temperature=temperature, chunk_size=passes.chunk_size), output
     head = model.get_output_embeddings()
     stats = head_token_stats if vocab_mean else head_logprobs_and_entropy
 
     def fused(hidden: Tensor) -> Tensor:
         return torch.stack(stats(select(hidden), head.weight, tokens=targets, temperature=temperature,
-                                  chunk_size=chunk_size, bias=head.bias, compiled=compiled_head), -1)
+                                  chunk_size=passes.chunk_size, bias=head.bias, compiled=passes.compiled), -1)
 
     with _forward_replaced(head, fused):
         output = model(**inputs)
@@ -78,10 +78,11 @@ def _forward_replaced(module: nn.Module, forward: Callable) -> Iterator[None]:
             module.forward = own
 
 
-def sequence_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int, fused_head: bool = True,
-                      vocab_mean: bool = False, compiled_head: bool = False) -> tuple[Tensor, ...]:
+def sequence_logprobs(model, seqs: Sequences, temperature: float, passes: Passes = Passes(),  # noqa: B008
+                      vocab_mean: bool = False, **settings) -> tuple[Tensor, ...]:
     """``(log-prob, entropy)`` of every next token, ``[N, T - 1]``, under ``softmax(logits / temperature)`` (and the
-    vocabulary's mean log-prob with ``vocab_mean``, see :func:`model_stats`).
+    vocabulary's mean log-prob with ``vocab_mean``, see :func:`model_stats`); ``settings``: fields of ``passes``
+    by name (``chunk_size=16``), as in ``packing.py`` and ``shared_prompts.py``.
 
     Only positions from the first response token on go through the LM head (the head and the log-softmax over the
     vocabulary are the costly part of a small model's step); earlier positions are returned as 0. Without response
@@ -93,8 +94,8 @@ def sequence_logprobs(model, seqs: Sequences, temperature: float, chunk_size: in
     keep = {"logits_to_keep": width - first} if takes_logits_to_keep(model) else {}
     inputs = {"input_ids": seqs.input_ids, "attention_mask": seqs.attention_mask, "use_cache": False, **keep}
     stats, _ = model_stats(model, inputs, select=lambda out: out[:, -(width - first) : -1],
-                           targets=seqs.input_ids[:, first + 1 :], temperature=temperature, chunk_size=chunk_size,
-                           fused_head=fused_head, vocab_mean=vocab_mean, compiled_head=compiled_head)
+                           targets=seqs.input_ids[:, first + 1 :], temperature=temperature,
+                           passes=passes_with(passes, settings), vocab_mean=vocab_mean)
     return tuple(F.pad(values, (first, 0)) for values in stats)
 
 

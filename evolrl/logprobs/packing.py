@@ -27,6 +27,7 @@ from torch import Tensor
 
 from evolrl.logprobs.forward import model_stats, takes_logits_to_keep
 from evolrl.logprobs.packed_flex import PACKED_FLEX, document_block_mask
+from evolrl.logprobs.passes import Passes, passes_with
 from evolrl.logprobs.sequences import Sequences, to_device
 from evolrl.logprobs.sequencewise_attention import SEQUENCEWISE_SDPA, PackedLengths, is_sequencewise
 from evolrl.settings import require
@@ -36,8 +37,8 @@ PACKED_ATTENTION = ("sdpa", SEQUENCEWISE_SDPA, PACKED_FLEX, "eager", "flash_atte
 """``config._attn_implementation`` values under which transformers separates packed sequences."""
 
 
-def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int, fused_head: bool = True,
-                    vocab_mean: bool = False, compiled_head: bool = False) -> tuple[Tensor, ...]:
+def packed_logprobs(model, seqs: Sequences, temperature: float, passes: Passes = Passes(),  # noqa: B008
+                    vocab_mean: bool = False, **settings) -> tuple[Tensor, ...]:
     """``sequence_logprobs`` computed on one packed row: the same ``(log-prob, entropy)`` (and vocabulary mean),
     ``[N, T - 1]``.
 
@@ -66,8 +67,8 @@ def packed_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int,
     if flex:  # built once per pass, read by every layer
         inputs["packed_block_mask"] = document_block_mask(inputs["packed_lengths"].lengths, ids.device)
     stats, _ = model_stats(model, inputs, select=(lambda out: out) if keep else (lambda out: out[:, at]),
-                           targets=ids[:, at + 1], temperature=temperature, chunk_size=chunk_size,
-                           fused_head=fused_head, vocab_mean=vocab_mean, compiled_head=compiled_head)  # each [1, K]
+                           targets=ids[:, at + 1], temperature=temperature, passes=passes_with(passes, settings),
+                           vocab_mean=vocab_mean)  # each [1, K]
 
     def unpack(values: Tensor) -> Tensor:  # [1, K] -> [N, T - 1], zeros where nothing is scored
         return values.new_zeros(scored.shape).index_put((rows, cols), values[0] * scored[rows, cols])

@@ -3,7 +3,7 @@ engine, so that no pass setting travels alone through the calls between them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -23,3 +23,9 @@ class Passes:
     """Each distinct prompt computed once, its responses on its KV cache (``shared_prompts.py``)."""
     chunk_size: int = 1024
     """Tokens per chunk of the log-prob/entropy computation."""
+
+
+def passes_with(passes: Passes, settings: dict) -> Passes:
+    """``passes`` with some fields given by name: a pass function's keyword shorthand (``chunk_size=16``) for scripts
+    and tests that hold no ``Passes``; an unknown name is a TypeError naming it."""
+    return replace(passes, **settings) if settings else passes

@@ -30,20 +30,21 @@ import torch
 from torch import Tensor
 
 from evolrl.logprobs.forward import model_stats, sequence_logprobs, takes_logits_to_keep
+from evolrl.logprobs.passes import Passes, passes_with
 from evolrl.logprobs.sequences import Sequences, to_device
 from evolrl.settings import require
 
 
-def shared_prompt_logprobs(model, seqs: Sequences, temperature: float, chunk_size: int, fused_head: bool = True,
-                           vocab_mean: bool = False, compiled_head: bool = False) -> tuple[Tensor, ...]:
+def shared_prompt_logprobs(model, seqs: Sequences, temperature: float, passes: Passes = Passes(),  # noqa: B008
+                           vocab_mean: bool = False, **settings) -> tuple[Tensor, ...]:
     """``sequence_logprobs``' ``(log-prob, entropy)`` (and vocabulary mean), ``[N, T - 1]``, each distinct prompt of
     ``seqs`` computed once. Without response tokens in some row (``Sequences.filler``): a right-padded pass."""
+    passes = passes_with(passes, settings)
     layout = seqs.host_layout()
     n, width = seqs.input_ids.shape
     first = torch.full((n,), width, dtype=torch.long).scatter_reduce(0, layout.rows, layout.cols, "amin")
     if bool((first >= width).any()):
-        return sequence_logprobs(model, seqs, temperature, chunk_size=chunk_size, fused_head=fused_head,
-                                 vocab_mean=vocab_mean, compiled_head=compiled_head)
+        return sequence_logprobs(model, seqs, temperature, passes, vocab_mean)
     device = seqs.input_ids.device
     prompt_len, response_len = first + 1, layout.lengths - first - 1  # [N] each, on the host
     keys, owner = torch.unique(layout.prompts, return_inverse=True)  # owner [N]: each row's distinct prompt
@@ -64,8 +65,7 @@ def shared_prompt_logprobs(model, seqs: Sequences, temperature: float, chunk_siz
     if takes_logits_to_keep(model):
         inputs["logits_to_keep"] = 1
     heads, output = model_stats(model, inputs, select=lambda out: out[:, -1:].index_select(0, owner_d),
-                                targets=first_tokens, temperature=temperature, chunk_size=chunk_size,
-                                fused_head=fused_head, vocab_mean=vocab_mean, compiled_head=compiled_head)
+                                targets=first_tokens, temperature=temperature, passes=passes, vocab_mean=vocab_mean)
     rows = [torch.arange(n)]  # where each computed value goes in [N, T - 1]: first the responses' first tokens
     places = [first]
     values = [[h[:, 0] for h in heads]]
@@ -86,8 +86,7 @@ def shared_prompt_logprobs(model, seqs: Sequences, temperature: float, chunk_siz
         inputs = {"input_ids": ids, "attention_mask": to_device(mask.long(), device), "past_key_values": cache,
                   "position_ids": to_device(positions, device), "use_cache": True}
         rest, _ = model_stats(model, inputs, select=lambda out: out, targets=targets, temperature=temperature,
-                              chunk_size=chunk_size, fused_head=fused_head, vocab_mean=vocab_mean,
-                              compiled_head=compiled_head)
+                              passes=passes, vocab_mean=vocab_mean)
         kept_rows, kept_steps = fed_mask.nonzero(as_tuple=True)
         rows.append(kept_rows)
         places.append(first[kept_rows] + 1 + kept_steps)
