@@ -23,6 +23,9 @@ MOVED: dict[str, str] = {
     **{f"model.reward.{rule}": f"model.reward.init_args.answers.{rule}" for rule in ANSWER_RULES},
     **{f"data.eval_sets.*.grader.{rule}": f"data.eval_sets.*.init_args.grader.init_args.answers.{rule}"
        for rule in ANSWER_RULES[1:]},
+    "data.system_prompt": "data.prompt.system",
+    "data.examples": "data.prompt.examples",
+    "data.max_prompt_tokens": "data.prompt.max_tokens",
 }
 """Old key -> new key. ``*`` stands for a list index; ``init_args`` levels are optional in the old key."""
 

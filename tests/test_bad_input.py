@@ -14,7 +14,7 @@ import yaml
 from helpers import Recorder
 
 from evolrl.cli import main
-from evolrl.data import DataError, PromptFile, RolloutDataModule
+from evolrl.data import DataError, PromptFile, PromptFormat, RolloutDataModule
 from evolrl.rewards import AnswerRules, EmbedderError, EvolReward, NoveltyBands, SentenceTransformerEmbedder
 from evolrl.rollout import HFEngine, Sampling
 from evolrl.types import Prompt, ResponseGroup, RolloutBatch
@@ -117,8 +117,8 @@ def test_prompts_over_the_length_limit_are_dropped_and_counted(tmp_path, tiny_mo
     path = tmp_path / "p.json"
     path.write_text(json.dumps(rows))
     data = RolloutDataModule(PromptFile(str(path)), model=tiny_model, engine=HFEngine(), prompts_per_step=2,
-                             vote_samples=2, trained_samples=2, max_prompt_tokens=64, system_prompt=None)
-    with pytest.warns(UserWarning, match="training: dropped 1 of 4 prompts longer than max_prompt_tokens=64"):
+                             vote_samples=2, trained_samples=2, prompt=PromptFormat(system=None, max_tokens=64))
+    with pytest.warns(UserWarning, match="training: dropped 1 of 4 prompts longer than data.prompt.max_tokens=64"):
         data.setup("fit")
     assert [p.id for p, _ in data.train_items] == ["0", "1", "2"] and data.dropped_prompts == 1
 
@@ -128,10 +128,10 @@ def test_an_evaluation_set_with_every_prompt_over_the_limit_is_a_clear_error(tin
 
     examples = [Example("What is 1 + 1?", "1 + 1 = 2. <answer>2</answer>")] * 8  # worked examples lengthen each prompt
     data = RolloutDataModule(AdditionPrompts(count=4), model=tiny_model, engine=HFEngine(), prompts_per_step=2,
-                             vote_samples=2, trained_samples=2, max_prompt_tokens=64, system_prompt=None,
-                             examples=examples, eval_sets=[EvalSet(AdditionPrompts(count=2, seed=1), name="held")])
+                             vote_samples=2, trained_samples=2, prompt=PromptFormat(None, examples, max_tokens=64),
+                             eval_sets=[EvalSet(AdditionPrompts(count=2, seed=1), name="held")])
     with pytest.warns(UserWarning, match="dropped"), pytest.raises(
-            DataError, match="evaluation set 'held': every prompt is longer than max_prompt_tokens=64"):
+            DataError, match="evaluation set 'held': every prompt is longer than data.prompt.max_tokens=64"):
         data.setup("validate")
 
 
@@ -371,7 +371,7 @@ TRAINING_SETTINGS = [
     (lambda: _data(trained_samples=0), "trained_samples", "0", ">= 1"),
     (lambda: _data(eval_samples=0), "eval_samples", "0", ">= 1"),
     (lambda: _data(eval_prompts_per_batch=0), "eval_prompts_per_batch", "0", ">= 1"),
-    (lambda: _data(max_prompt_tokens=0), "RolloutDataModule.max_prompt_tokens", "0", ">= 1"),
+    (lambda: PromptFormat(max_tokens=0), "data.prompt.max_tokens", "0", ">= 1"),
     (lambda: _data(seed=-1), "seed", "-1", ">= 0"),
     (lambda: HFEngine(prompts_per_call=0), "HFEngine.prompts_per_call", "0", ">= 1"),
     (lambda: _vllm(dtype="int8"), "VLLMEngine.dtype", "'int8'", "one of 'bfloat16'"),
@@ -684,10 +684,12 @@ def test_a_moved_key_names_its_new_place(tmp_path, monkeypatch, capsys):
     old.write_text(yaml.safe_dump({"model": {"loss": {"clip_high": 0.2, "scale_by_std": False},
                                              "reward": {"init_args": {"valid_rule": "any"}}},
                                    "data": {"eval_sets": [{"init_args": {"grader": {"init_args": {
-                                       "fallback_rule": "first_result"}}}}]}}))
+                                       "fallback_rule": "first_result"}}}}], "system_prompt": None,
+                                            "max_prompt_tokens": 64}}))
     monkeypatch.setattr("sys.argv", ["evolrl"])
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", str(CONFIGS / "demo.yaml"), "--config", str(old), "--model.loss.dual_clip=2"])
+        main(["fit", "--config", str(CONFIGS / "demo.yaml"), "--config", str(old), "--model.loss.dual_clip=2",
+              "--data.examples=[]"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     for old_key, new_key in [("model.loss.clip_high", "model.loss.policy_loss.init_args.clip_high"),
@@ -695,7 +697,10 @@ def test_a_moved_key_names_its_new_place(tmp_path, monkeypatch, capsys):
                              ("model.loss.dual_clip", "model.loss.policy_loss.init_args.dual_clip"),
                              ("model.reward.init_args.valid_rule", "model.reward.init_args.answers.valid_rule"),
                              ("data.eval_sets.0.init_args.grader.init_args.fallback_rule",
-                              "data.eval_sets.*.init_args.grader.init_args.answers.fallback_rule")]:
+                              "data.eval_sets.*.init_args.grader.init_args.answers.fallback_rule"),
+                             ("data.system_prompt", "data.prompt.system"),
+                             ("data.max_prompt_tokens", "data.prompt.max_tokens"),
+                             ("data.examples", "data.prompt.examples")]:
         assert f"{old_key} moved to {new_key}" in err, err
     listed = err.split(" lists every moved key")[0].rsplit("(", 1)[1]  # the file the error sends the user to
     assert (CONFIGS.parent / listed).is_file(), listed

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from evolrl.data import AdditionPrompts, DataError, Excluding, HubDataset, PromptFile, RolloutDataModule
+from evolrl.data import AdditionPrompts, DataError, Excluding, HubDataset, PromptFile, PromptFormat, RolloutDataModule
 from evolrl.rollout import HFEngine, Sampling
 from evolrl.settings import SettingError
 
@@ -116,7 +116,7 @@ def test_worked_examples_come_before_the_question_as_chat_turns(tiny_model):
     assert render_prompt(tokenizer, "What is 1 + 2 + 3?", None, ()) == render_prompt(tokenizer, "What is 1 + 2 + 3?",
                                                                                       None)
     data = RolloutDataModule(AdditionPrompts(count=4), model=tiny_model, engine=HFEngine(), prompts_per_step=2,
-                             vote_samples=2, trained_samples=2, system_prompt=None, examples=shots)
+                             vote_samples=2, trained_samples=2, prompt=PromptFormat(system=None, examples=shots))
     data.setup("fit")
     prompt, ids = data.train_items[0]
     assert list(ids) == render_prompt(tokenizer, prompt.question, None, shots)
@@ -146,7 +146,7 @@ def test_the_engine_is_told_the_largest_call(tiny_model):
     engine = HFEngine()
     data = RolloutDataModule(AdditionPrompts(count=8), model=tiny_model, engine=engine, prompts_per_step=2,
                              vote_samples=4, trained_samples=2, sampling=Sampling(max_new_tokens=10),
-                             max_prompt_tokens=300,
+                             prompt=PromptFormat(max_tokens=300),
                              eval_sets=[EvalSet(AdditionPrompts(count=4), "add")], eval_samples=8,
                              eval_prompts_per_batch=3, eval_sampling=Sampling(max_new_tokens=20))
     data.setup("fit")

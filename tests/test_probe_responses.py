@@ -121,7 +121,7 @@ def test_every_worked_example_of_the_probe_adds_up():
     from tools.study.probe import REASONING
 
     for name, task in REASONING["chain"].items():
-        for example in task["data"]["examples"]:
+        for example in task["data"]["prompt"]["examples"]:
             numbers = [int(n) for n in re.findall(r"\d+", example["question"])]
             steps = re.findall(r"(\d+) \+ (\d+) = (\d+)\.", example["response"])
             assert steps and all(int(a) + int(b) == int(c) for a, b, c in steps), (name, example)

@@ -80,13 +80,13 @@ def test_study_five_runs_the_probed_candidates():
     from tools.study.probe import DISJOINT_3, REASONING
 
     data = disjoint.resolve(STUDY5)["data"]
-    assert data["examples"] == DISJOINT_3
+    assert data["prompt"]["examples"] == DISJOINT_3
     assert data["train"]["init_args"]["questions"] == [e["question"] for e in DISJOINT_3]
     for top, count, source in ((7, 48, data["eval_sets"][0]["init_args"]["source"]),
                                (6, 32, disjoint.resolve(SIX)["data"]["eval_sets"][0]["init_args"]["source"])):
         name = f"3 terms, 1-{top}, one order per multiset, four worked examples in neither set"
         picked = REASONING["chain"][name]
-        assert picked["data"]["examples"] == DISJOINT_3
+        assert picked["data"]["prompt"]["examples"] == DISJOINT_3
         assert {"count": count, "seed": 1, **picked["source"]["init_args"]}.items() <= source["init_args"].items()
 
 

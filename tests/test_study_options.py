@@ -91,7 +91,7 @@ def test_the_reasoning_config_parses_on_top_of_the_study():
     config = resolved(study.run_configs("word", "ttrl"))
     train, held_out = config["data"]["train"], config["data"]["eval_sets"][0]["init_args"]["source"]
     assert train["class_path"] == held_out["class_path"] == "evolrl.data.WordProblems"
-    assert config["data"]["sampling"]["max_new_tokens"] >= 128 and config["data"]["system_prompt"]
+    assert config["data"]["sampling"]["max_new_tokens"] >= 128 and config["data"]["prompt"]["system"]
     assert config["model"]["reward"]["class_path"] == "evolrl.rewards.MajorityVoteReward"  # the method's overlay
     train_set, eval_set = WordProblems(**train["init_args"]).load(), WordProblems(**held_out["init_args"]).load()
     assert {k: v for k, v in train["init_args"].items() if k not in ("seed", "count")} == \
@@ -176,7 +176,7 @@ def test_the_chain_task_resolves_to_the_probed_candidate():
 
     picked = REASONING["chain"]["3 terms, 0-9, four worked examples in different orders"]
     data = resolved(study.run_configs("chain", "ttrl"))["data"]
-    assert data["examples"] == ORDERS_3 == picked["data"]["examples"]
+    assert data["prompt"]["examples"] == ORDERS_3 == picked["data"]["prompt"]["examples"]
     for source in (data["train"], data["eval_sets"][0]["init_args"]["source"]):
         assert source["class_path"] == "evolrl.data.AdditionPrompts"
         assert {k: source["init_args"][k] for k in ("terms", "max_operand", "min_operand", "instruction")} == {
@@ -271,6 +271,6 @@ def test_study_four_trains_on_none_of_its_96_held_out_problems_and_runs_the_prob
     prompts = Excluding(AdditionPrompts(**train["source"]["init_args"]), held_out).load()
     assert len(questions) == 96 and not questions & {p.question for p in prompts} and len(prompts) >= 80 * 4
     picked = REASONING["chain"]["3 terms, 1-5, four worked examples in different orders"]
-    assert data["examples"] == picked["data"]["examples"]
+    assert data["prompt"]["examples"] == picked["data"]["prompt"]["examples"]
     assert {k: held_out.__dict__[k] for k in ("terms", "min_operand", "max_operand", "distinct")} == {
         k: picked["source"]["init_args"][k] for k in ("terms", "min_operand", "max_operand", "distinct")}

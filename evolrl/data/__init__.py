@@ -1,7 +1,7 @@
 """Prompts in, rollout groups out."""
 
 from evolrl.data.benchmarks import Benchmark
-from evolrl.data.chat import PAPER_SYSTEM_PROMPT, Example, render_prompt
+from evolrl.data.chat import PAPER_SYSTEM_PROMPT, Example, PromptFormat, render_prompt
 from evolrl.data.datamodule import RolloutDataModule
 from evolrl.data.eval_set import EvalSet
 from evolrl.data.generated import AdditionPrompts, Excluding, numbers_of
@@ -19,6 +19,7 @@ __all__ = [
     "Example",
     "HubDataset",
     "PromptFile",
+    "PromptFormat",
     "PromptSource",
     "RolloutDataModule",
     "RolloutRequest",

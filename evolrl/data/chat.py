@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from lightning.pytorch.utilities import rank_zero_warn
 from transformers import PreTrainedTokenizerBase
 
-from evolrl.settings import require
+from evolrl.settings import check_int, require
 from evolrl.types import Prompt
 
 PAPER_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -35,6 +35,28 @@ class Example:
                     allowed="a non-empty string")
 
 
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a question becomes the prompt the policy reads, in training and evaluation alike (``data.prompt``)."""
+
+    system: str | None = PAPER_SYSTEM_PROMPT
+    """System message; ``null`` for none (the model's own default, where its chat template has one)."""
+    examples: tuple[Example, ...] | None = ()
+    """Worked examples shown as chat turns before every question (few-shot); empty or ``null``: none."""
+    max_tokens: int = 1024
+    """Longer prompts are dropped (and counted in a warning), never truncated."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "examples", tuple(self.examples or ()))
+        require(all(isinstance(e, Example) for e in self.examples), "data.prompt.examples", self.examples,
+                allowed="a list of {question: ..., response: ...}")
+        check_int("data.prompt.max_tokens", self.max_tokens, 1)
+
+    def render(self, tokenizer: PreTrainedTokenizerBase, question: str) -> list[int]:
+        """:func:`render_prompt` of ``question`` in this format."""
+        return render_prompt(tokenizer, question, self.system, self.examples)
+
+
 def render_prompt(tokenizer: PreTrainedTokenizerBase, question: str, system_prompt: str | None,
                   examples: Sequence[Example] = ()) -> list[int]:
     """Token ids of the chat-formatted prompt, generation prompt included.
@@ -54,15 +76,14 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, question: str, system_prom
     return tokenizer(text + "assistant:")["input_ids"]
 
 
-def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Prompt], system_prompt: str | None,
-                   examples: Sequence[Example], max_tokens: int,
+def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Prompt], form: PromptFormat,
                    what: str) -> tuple[list[tuple[Prompt, tuple[int, ...]]], int]:
-    """Rendered, tokenized prompts within ``max_tokens``, and how many were dropped (with a warning naming
-    ``what``): a longer prompt is dropped, never truncated."""
-    encoded = [(p, tuple(render_prompt(tokenizer, p.question, system_prompt, examples))) for p in prompts]
-    kept = [(p, ids) for p, ids in encoded if len(ids) <= max_tokens]
+    """Prompts rendered in ``form`` and tokenized, those within its ``max_tokens``, and how many were dropped (with a
+    warning naming ``what``): a longer prompt is dropped, never truncated."""
+    encoded = [(p, tuple(form.render(tokenizer, p.question))) for p in prompts]
+    kept = [(p, ids) for p, ids in encoded if len(ids) <= form.max_tokens]
     dropped = len(encoded) - len(kept)
     if dropped:
         rank_zero_warn(f"{what}: dropped {dropped} of {len(encoded)} prompts longer than "
-                       f"max_prompt_tokens={max_tokens}")
+                       f"data.prompt.max_tokens={form.max_tokens}")
     return kept, dropped

@@ -18,7 +18,7 @@ from functools import partial
 import lightning as L
 from torch.utils.data import DataLoader
 
-from evolrl.data.chat import PAPER_SYSTEM_PROMPT, Example, encode_prompts, render_prompt
+from evolrl.data.chat import PromptFormat, encode_prompts
 from evolrl.data.eval_set import EvalSet
 from evolrl.data.loader import PromptLoader
 from evolrl.data.requests import RolloutRequest
@@ -47,10 +47,8 @@ class RolloutDataModule(L.LightningDataModule):
         trained_samples: G, responses per prompt trained on (a random subset of the V, drawn
             independently of the rewards).
         sampling: How training responses are sampled; its temperature is also the policy loss's.
-        max_prompt_tokens: Longer prompts are dropped (and counted in a warning), never truncated.
-        system_prompt: System message; ``null`` for none.
-        examples: Worked examples shown as chat turns before every question, training and evaluation alike
-            (few-shot); ``null``: none.
+        prompt: How a question becomes the policy's prompt, training and evaluation alike: the system message,
+            worked examples as chat turns (few-shot), and the longest prompt kept.
         shuffle: Shuffle prompts each epoch.
         seed: The run's seed for shuffling, the trained subset and sampling (see ``evolrl.rollout.Seeds``);
             ``null`` (default): the CLI's ``seed_everything`` (0 where that is ``false`` or outside the CLI).
@@ -79,9 +77,7 @@ class RolloutDataModule(L.LightningDataModule):
         vote_samples: int = 64,
         trained_samples: int = 32,
         sampling: Sampling = Sampling(),  # noqa: B008 (frozen)
-        max_prompt_tokens: int = 1024,
-        system_prompt: str | None = PAPER_SYSTEM_PROMPT,
-        examples: list[Example] | None = None,
+        prompt: PromptFormat = PromptFormat(),  # noqa: B008 (frozen)
         shuffle: bool = True,
         seed: int | None = None,
         trust_remote_code: bool = False,
@@ -95,7 +91,6 @@ class RolloutDataModule(L.LightningDataModule):
         sampler_process: SamplerPlacement | None = None,
     ) -> None:
         super().__init__()
-        check_int("RolloutDataModule.max_prompt_tokens", max_prompt_tokens, 1)
         if len(set(names := [s.name for s in eval_sets or []])) != len(names):
             raise DataError(f"eval_sets: two evaluation sets share a name ({names}); metric tags need unique names")
         self.source = train
@@ -113,17 +108,15 @@ class RolloutDataModule(L.LightningDataModule):
                 "sampler_process", sampler_process, allowed="null or {cpus: [...], cuda_devices: [...]}")
         self.supply = RolloutSupply(self.rollouts, max_staleness)
         self.max_staleness, self.sampler_process = max_staleness, sampler_process
-        self.max_prompt_tokens = max_prompt_tokens
         require(dynamic_sampling is None or isinstance(dynamic_sampling, DynamicSampling),
                 "RolloutDataModule.dynamic_sampling", dynamic_sampling, allowed="null or max_rounds: <n>")
         self.dynamic_sampling = dynamic_sampling
         require(isinstance(allow_changed_prompts, bool), "RolloutDataModule.allow_changed_prompts",
                 allow_changed_prompts, allowed="true or false")
         self.allow_changed_prompts = allow_changed_prompts
-        self.system_prompt = system_prompt
-        require(all(isinstance(e, Example) for e in examples or []), "RolloutDataModule.examples", examples,
-                allowed="a list of {question: ..., response: ...}")
-        self.examples = tuple(examples or ())
+        require(isinstance(prompt, PromptFormat), "RolloutDataModule.prompt", prompt,
+                allowed="{system: ..., examples: [...], max_tokens: ...}")
+        self.prompt = prompt
         self.shuffle = shuffle
         self.trust_remote_code = trust_remote_code
         self.eval_sets = eval_sets or []
@@ -142,8 +135,7 @@ class RolloutDataModule(L.LightningDataModule):
         if not self.model:
             raise ValueError("RolloutDataModule needs the policy's model string (data.model, linked to model.model)")
         self.tokenizer = load_tokenizer(self.model, self.trust_remote_code)
-        encode = partial(encode_prompts, self.tokenizer, system_prompt=self.system_prompt, examples=self.examples,
-                         max_tokens=self.max_prompt_tokens)
+        encode = partial(encode_prompts, self.tokenizer, form=self.prompt)
         self.train_items, self.dropped_prompts = encode(self.source.load(), what="training")
         reward = getattr(module, "reward", None)
         if stage in ("fit", None) and getattr(reward, "needs_answers", False):  # the module's published reward
@@ -151,8 +143,8 @@ class RolloutDataModule(L.LightningDataModule):
         self.eval_items = [encode(s.load(), what=f"evaluation set {s.name!r}")[0] for s in self.eval_sets]
         for items, eval_set in zip(self.eval_items, self.eval_sets):
             if not items:
-                raise DataError(f"evaluation set {eval_set.name!r}: every prompt is longer than max_prompt_tokens="
-                                f"{self.max_prompt_tokens}: raise data.max_prompt_tokens")
+                raise DataError(f"evaluation set {eval_set.name!r}: every prompt is longer than data.prompt.max_tokens="
+                                f"{self.prompt.max_tokens}: raise it")
         rank, world = self._rank_and_world()
         prompts_per_step = self.rollouts.prompts_per_step
         if len(self.train_items) < prompts_per_step * world:
@@ -203,7 +195,7 @@ class RolloutDataModule(L.LightningDataModule):
 
     def encode_question(self, question: str) -> tuple[int, ...]:
         """``question`` as the policy reads a training prompt (chat template, system prompt, examples), for a reward."""
-        return tuple(render_prompt(self.tokenizer, question, self.system_prompt, self.examples))
+        return tuple(self.prompt.render(self.tokenizer, question))
 
     def training_prompts(self) -> list[Prompt]:
         """Every training prompt this run can draw (after ``setup``), in the source's order."""

@@ -91,7 +91,7 @@ def run_evolrl(a: argparse.Namespace) -> dict:
     import lightning as L
 
     from evolrl.algorithms import ClippedSurrogate
-    from evolrl.data import AdditionPrompts, RolloutDataModule
+    from evolrl.data import AdditionPrompts, PromptFormat, RolloutDataModule
     from evolrl.rewards import AnswerRules, EvolReward
     from evolrl.rollout import HFEngine, Sampling
     from evolrl.training import Batching, EvolRLModule, GRPOLoss, Optimization
@@ -126,7 +126,7 @@ def run_evolrl(a: argparse.Namespace) -> dict:
     data = RolloutDataModule(
         train=AdditionPrompts(a.prompts * a.steps, instruction="Put your final answer within \\boxed{}."),
         model=a.model, engine=engine, prompts_per_step=a.prompts, vote_samples=a.vote or group, trained_samples=group,
-        sampling=Sampling(temperature=a.temperature, max_new_tokens=a.max_new_tokens), system_prompt=None,
+        sampling=Sampling(temperature=a.temperature, max_new_tokens=a.max_new_tokens), prompt=PromptFormat(system=None),
         shuffle=False,
     )
     trainer = L.Trainer(

@@ -48,7 +48,7 @@ def study_sets(configs: list[str], eval_set: str = "heldout") -> tuple[list[Prom
     if eval_set not in sets:
         sys.exit(f"no evaluation set named {eval_set!r} (the configs name {', '.join(sets)})")
     return (build(sets[eval_set]).load(), build(data["train"]).load(),
-            [example["question"] for example in data.get("examples") or []])
+            [example["question"] for example in (data.get("prompt") or {}).get("examples") or []])
 
 
 def overlap(held_out: list[Prompt], training: list[Prompt], examples: list[str]) -> dict[str, int]:

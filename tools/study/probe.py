@@ -59,7 +59,7 @@ def tens_then_ones(a: int, b: int) -> dict:
 def _word(steps: int, max_number: int, system_prompt: str | None) -> dict:
     return {"source": {"class_path": "evolrl.data.WordProblems",
                        "init_args": {"steps": steps, "max_number": max_number, "instruction": "Think step by step."}},
-            "data": {"system_prompt": system_prompt}, "sampling": {"max_new_tokens": 192}}
+            "data": {"prompt": {"system": system_prompt}}, "sampling": {"max_new_tokens": 192}}
 
 
 def _chain(examples: list[dict], terms: int, max_operand: int, min_operand: int = 0, distinct: bool = False,
@@ -69,7 +69,7 @@ def _chain(examples: list[dict], terms: int, max_operand: int, min_operand: int 
                        "init_args": {"terms": terms, "max_operand": max_operand, "min_operand": min_operand,
                                      "instruction": "", **({"distinct": True} if distinct else {}),
                                      **({"distinct_numbers": True} if distinct_numbers else {})}},
-            "data": {"system_prompt": None, "examples": examples, "max_prompt_tokens": 512},  # the examples' turns
+            "data": {"prompt": {"system": None, "examples": examples, "max_tokens": 512}},  # the examples' turns
             "sampling": {"max_new_tokens": 64, "stop": ["</answer>"]}}
 
 

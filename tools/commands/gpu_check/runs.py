@@ -117,7 +117,7 @@ def fit_config(model: str, root: Path, gpu: bool, strategy: str, engine: str, st
         "data": {
             "train": {"class_path": "evolrl.data.AdditionPrompts", "init_args": {"count": 32}},
             "engine": engines[engine],
-            "prompts_per_step": 2, "vote_samples": 4, "trained_samples": 4, "max_prompt_tokens": prompt_budget,
+            "prompts_per_step": 2, "vote_samples": 4, "trained_samples": 4, "prompt": {"max_tokens": prompt_budget},
             "sampling": {"temperature": 1.0, "max_new_tokens": new_tokens},
             "eval_sets": [{"class_path": "evolrl.data.EvalSet", "init_args": {
                 "name": "addition", "source": {"class_path": "evolrl.data.AdditionPrompts",
