@@ -149,8 +149,8 @@ def arm_lines(readings: dict[str, dict[int, dict]]) -> list[str]:
     """Per arm, mean +- sd over its seeds of what is reported outside the rule, and each seed's pass@16."""
     keys = ("pass@16_last", "maj@16_last", "pass@1_last", "entropy_last", "novelty_mean", "novelty_spread_mean",
             "response_length", "collapse_step")
-    rows = [[arm, len(seeds), *(mean_sd([r[k] for r in seeds.values()], 0 if k == "collapse_step" else 3)
-                                for k in keys),
+    digits = {"collapse_step": 0, "response_length": 1}
+    rows = [[arm, len(seeds), *(mean_sd([r[k] for r in seeds.values()], digits.get(k, 3)) for k in keys),
              ", ".join(f"{s}: {r['pass@16_last']:.3f}" for s, r in seeds.items())]
             for arm, seeds in readings.items()]
     return table(["arm", "seeds", "pass@16", "maj@16", "pass@1", f"entropy, last {WINDOW}", "novelty",
