@@ -17,6 +17,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from evolrl.checkpoints.record import finished, read_record
@@ -101,6 +102,15 @@ def scored(run: Path, metric: str, eval_set: str) -> dict[str, float]:
     return scores
 
 
+def paired(plan: dict, out: Path, arm: str, base: str, seeds: list[int], metric: str
+           ) -> tuple[np.ndarray, list[str], tuple[float, float, float]]:
+    """``arm - base`` in ``metric`` per seed and problem at the last evaluation, the problems, and the matrix's mean
+    and interval from the bootstrap over seeds and problems (the plan's rule's resamples and confidence)."""
+    scores = {a: [scored(run_dir(out, a, s), metric, plan["eval_set"]) for s in seeds] for a in (arm, base)}
+    matrix, problems = differences(scores[arm], scores[base])
+    return matrix, problems, bootstrap(matrix, plan["rule"]["resamples"], plan["rule"]["confidence"])
+
+
 def rule_section(plan: dict, out: Path, states: dict) -> list[str]:
     """Each arm against the baseline, paired (module docstring), and the rule's outcome."""
     rule, base = plan["rule"], plan["rule"]["baseline"]
@@ -118,9 +128,7 @@ def rule_section(plan: dict, out: Path, states: dict) -> list[str]:
         if not seeds:
             rows.append([arm, 0, "-", "-", "-", "-", "no seed finished in both arms"])
             continue
-        scores = {a: [scored(run_dir(out, a, s), rule["metric"], plan["eval_set"]) for s in seeds] for a in (arm, base)}
-        matrix, problems = differences(scores[arm], scores[base])
-        gap, low, high = bootstrap(matrix, rule["resamples"], rule["confidence"])
+        matrix, problems, (gap, low, high) = paired(plan, out, arm, base, seeds, rule["metric"])
         shown = outcome(gap, low, high, rule["direction"], rule["threshold"])
         per_seed = ", ".join(f"{s}: {m:+.3f}" for s, m in zip(seeds, matrix.mean(axis=1)))
         rows.append([arm, len(seeds), len(problems), f"{gap:+.3f}", f"({low:+.3f}, {high:+.3f})", per_seed,

@@ -3,9 +3,9 @@ training problems and its worked examples, by their text and by their numbers (d
 addendum).
 
 The configs are resolved as ``python -m evolrl fit`` composes them (its parser, in this process); the training source,
-the held-out evaluation set's source and the worked examples (``data.prompt.examples``) are loaded from there. Two questions
-with the same numbers in any order ("What is 3 + 5 + 4?", "What is 4 + 3 + 5?") are one problem: the same sum, the
-same answer (``evolrl.data.numbers_of``).
+the held-out evaluation set's source and the worked examples (``data.prompt.examples``) are loaded from there. Two
+questions with the same numbers in any order ("What is 3 + 5 + 4?", "What is 4 + 3 + 5?") are one problem: the same
+sum, the same answer (``evolrl.data.numbers_of``).
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ import sys
 from pathlib import Path
 
 from evolrl.compare.curves import mean_sd, read_scalars, table
-from evolrl.compare.paired import bootstrap, differences, outcome
+from evolrl.compare.paired import outcome
 from evolrl.compare.plan import load_plan, run_dir
-from evolrl.compare.report import run_states, scored
+from evolrl.compare.report import paired, run_states
 
 WINDOW = 10
 """Training steps at each end of a run that the collapse and the secondaries read."""
@@ -96,12 +96,6 @@ def pilot_lines(readings: dict[str, dict[int, dict]], baseline: str) -> list[str
                   "pass@1 step 0", "pass@1 last", "pass@16 last", "reading"], rows)
 
 
-def paired(out: Path, plan: dict, arm: str, base: str, seeds: list[int], metric: str) -> tuple[float, float, float]:
-    scores = {a: [scored(run_dir(out, a, s), metric, plan["eval_set"]) for s in seeds] for a in (arm, base)}
-    matrix, _ = differences(scores[arm], scores[base])
-    return bootstrap(matrix, plan["rule"]["resamples"], plan["rule"]["confidence"])
-
-
 def verdict_lines(out: Path, plan: dict, readings: dict[str, dict[int, dict]]) -> list[str]:
     """The precondition, each EVOL-RL arm's verdict and secondaries, and what is reported outside the rule."""
     base, rule = plan["rule"]["baseline"], plan["rule"]
@@ -122,12 +116,12 @@ def verdict_lines(out: Path, plan: dict, readings: dict[str, dict[int, dict]]) -
         if not seeds:
             rows.append([arm, 0, "-", "-", "no seed finished in both arms"])
             continue
-        gap, low, high = paired(out, plan, arm, base, seeds, rule["metric"])
+        gap, low, high = paired(plan, out, arm, base, seeds, rule["metric"])[2]
         shown = outcome(gap, low, high, rule["direction"], rule["threshold"])
         rows.append([arm, len(seeds), f"{gap:+.3f}", f"({low:+.3f}, {high:+.3f})", verdict(holds, shown, high)])
         entropy = tail_mean(arm, "entropy_last", seeds) / tail_mean(base, "entropy_last", seeds)
         novelty = tail_mean(arm, "novelty_mean", seeds) / tail_mean(base, "novelty_mean", seeds)
-        p_gap, p_low, p_high = paired(out, plan, arm, base, seeds, "pass@1")
+        p_gap, p_low, p_high = paired(plan, out, arm, base, seeds, "pass@1")[2]
         secondary.append([arm, f"{entropy:.2f} ({'met' if entropy >= SECONDARY_RATIO else 'not met'})",
                           f"{novelty:.2f} ({'met' if novelty >= SECONDARY_RATIO else 'not met'})",
                           f"{p_gap:+.3f} ({p_low:+.3f}, {p_high:+.3f}) "
@@ -139,7 +133,7 @@ def verdict_lines(out: Path, plan: dict, readings: dict[str, dict[int, dict]]) -
     paper, floor = FLOOR_AGAINST
     seeds = [s for s in plan["seeds"] if s in readings.get(floor, {}) and s in readings.get(paper, {})]
     if seeds:
-        gap, low, high = paired(out, plan, floor, paper, seeds, rule["metric"])
+        gap, low, high = paired(plan, out, floor, paper, seeds, rule["metric"])[2]
         lines += ["", f"Outside the rule: {floor} - {paper}, paired {rule['metric']}: {gap:+.3f} "
                       f"({low:+.3f}, {high:+.3f})."]
     return lines
