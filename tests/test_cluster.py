@@ -75,6 +75,21 @@ def test_sigterm_saves_exits_143_and_the_resumed_run_ends_as_an_uninterrupted_on
     assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in expected)
 
 
+def test_a_requeued_run_keeps_one_last_checkpoint_when_the_signal_came_before_the_first_periodic_one(tmp_path,
+                                                                                                     tiny_model):
+    """SIGTERM at step 1, before the ModelCheckpoint's first save (every 3 steps): after the requeue its saves replace
+    the signal's ``last.ckpt``, so the directory holds one checkpoint, not a stale one beside ``last-v1.ckpt``."""
+    config = run_config(tmp_path, tiny_model, callbacks=[{"class_path": "helpers.SignalAt", "init_args": {"step": 0}}],
+                        checkpoints={"every_n_train_steps": 3, "save_last": True, "save_top_k": 0})
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--config", str(config), "--ckpt_path", "last"])
+    assert stopped.value.code == 143
+    main(["fit", "--config", str(config), "--ckpt_path", "last"])
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert saved == ["last.ckpt"]
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] >= 3
+
+
 def test_two_fsdp2_ranks_stop_at_the_same_step_when_one_gets_the_signal(tmp_path, tiny_model):
     """Rank 1 alone is signalled during step 1 (as a scheduler that signals one node first): both ranks agree at
     that step's end, write one sharded ``last.ckpt`` together and exit 143; the requeue resumes from it. As a

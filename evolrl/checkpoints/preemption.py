@@ -24,6 +24,7 @@ import time
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 
 from evolrl.checkpoints.run_dir import checkpoint_dir
@@ -117,6 +118,11 @@ class Preemption(L.Callback):
 
     def _save(self, trainer) -> str:
         path = checkpoint_dir(trainer) / "last.ckpt"
+        for callback in trainer.checkpoint_callbacks:
+            # Saved in the checkpoint's state, so that after the requeue this callback's next ``last`` replaces this
+            # file, where Lightning would take it for another run's and write ``last-v1.ckpt`` beside it.
+            if isinstance(callback, ModelCheckpoint) and callback.save_last and callback.dirpath == str(path.parent):
+                callback.last_model_path = str(path)
         start = time.monotonic()
         trainer.save_checkpoint(path, weights_only=False)
         return f"saved {path} (step {trainer.global_step}) in {time.monotonic() - start:.1f} s"
