@@ -1,7 +1,8 @@
 """``python -m evolrl compare`` end to end on the tiny model: two overlays of a tiny config over two seeds, planned,
 one run started from a line ``commands`` printed, the rest run by ``compare run`` (stopped by SIGTERM in between and
-gone on with), a changed arm and rule refused after the first run, then the report read back from the real event
-files and held-out responses. Sampled numbers are not asserted: the random model scores what it scores."""
+gone on with; a run another process holds left to it), a changed arm and rule refused after the first run, then the
+report read back from the real event files and held-out responses. Sampled numbers are not asserted: the random
+model scores what it scores."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import numpy as np
 import yaml
 from helpers import tiny_config
 
+from evolrl.checkpoints import RunLock
 from evolrl.compare.paired import bootstrap, differences, outcome, per_problem
 
 ROOT = Path(__file__).parent.parent
@@ -88,8 +90,14 @@ def test_plan_run_and_report_two_overlays_over_two_seeds(tmp_path, tiny_model):
     assert "arm a:" not in refused
     (tmp_path / "b.yaml").write_text(yaml.safe_dump({"model": {"optim": {"lr": 0.003}}}))
 
+    held = RunLock(runs / "a" / "seed1" / "checkpoints")
+    held.acquire()  # as a second `compare run` on another node holds the run it is running
     log = compare("run", *given, cwd=tmp_path)
-    assert "b seed 0: goes on" in log and "all 4 runs finished" in log
+    held.release()
+    assert "b seed 0: goes on" in log and f"a seed 1: skipped, in use by another run (pid {os.getpid()} on " in log
+    assert "1 of 4 runs left to the runs that hold them (a seed 1)" in log and "all 4 runs finished" not in log
+    log = compare("run", *given, cwd=tmp_path)
+    assert "a seed 1: starts" in log and "all 4 runs finished" in log
     starts = [json.loads(line) for line in (runs / "b" / "seed0" / "run_record.jsonl").read_text().splitlines()]
     assert [s["event"] for s in starts] == ["start", "start", "end"] and starts[1]["from"].endswith("last.ckpt")
     assert "finished already" in compare("run", *given, cwd=tmp_path).splitlines()[0]

@@ -62,7 +62,11 @@ def check_writable(directory: Path) -> None:
 
 
 class DirectoryInUse(CheckpointError):
-    """Another live run holds the checkpoint directory."""
+    """Another live run holds the checkpoint directory; ``holder`` is the line it wrote in the lock file."""
+
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 class RunLock:
@@ -84,12 +88,22 @@ class RunLock:
             handle.close()
             raise DirectoryInUse(f"the checkpoint directory {self.directory} is in use by another run ({holder})"
                                  ": give this run its own trainer.default_root_dir; two runs in one directory would "
-                                 "overwrite each other's checkpoints") from None
+                                 "overwrite each other's checkpoints", holder) from None
         handle.truncate(0)
         handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}: "
                      f"{' '.join(sys.argv)}\n")
         handle.flush()
         self.file = handle
+
+    def holder(self) -> str | None:
+        """Who holds the directory now, if another live process does (its lock file's line); ``None`` if it is free.
+        Takes and drops the lock to find out."""
+        try:
+            self.acquire()
+        except DirectoryInUse as err:
+            return err.holder
+        self.release()
+        return None
 
     def release(self) -> None:
         if self.file is not None:

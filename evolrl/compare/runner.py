@@ -7,6 +7,10 @@ goes on. Each run's console goes to ``console.log`` in its directory (not a term
 lines), and ``run``'s own lines to ``<out>/compare.log`` as well as standard output. A SIGTERM is passed on to the
 run in progress, which saves its checkpoint and ends; ``run`` then exits 143, and the same command goes on. The
 child leads its own session, so a signal sent to the job's whole group reaches it once, from here.
+
+Several ``run`` commands may share one folder (jobs on several nodes of a shared file system): a run whose
+checkpoint directory another live process holds (``fit``'s lock, ``RunLock``) is skipped with a line naming the
+holder, and the command ends saying how many it left to others; run it again to pick up what they leave unfinished.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from evolrl.checkpoints import RunLock
 from evolrl.checkpoints.record import finished
 from evolrl.compare.plan import input_file, run_dir, run_keys
 from evolrl.compare.spec import CompareError
@@ -50,12 +55,20 @@ class Log:
 
 def run_all(plan: dict, out: Path) -> None:
     """Runs every unfinished run of ``plan`` in turn; a :class:`CompareError` on a failed one, exit 143 on SIGTERM."""
-    log, child, stop = Log(out), None, []
+    log, child, stop, elsewhere = Log(out), None, [], []
 
     def on_sigterm(signum, frame) -> None:
         stop.append(signum)
         if child is not None and child.poll() is None:
             child.send_signal(signum)
+
+    def left_to_another(arm: str, seed: int, directory: Path) -> bool:
+        """Whether another live process holds the run's checkpoint directory: then one line, and the run is its."""
+        holder = RunLock(directory / "checkpoints").holder()
+        if holder:
+            log(f"{arm} seed {seed}: skipped, in use by another run ({holder})")
+            elsewhere.append(f"{arm} seed {seed}")
+        return holder is not None
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
@@ -66,6 +79,8 @@ def run_all(plan: dict, out: Path) -> None:
                 continue
             if stop:
                 break
+            if left_to_another(arm, seed, directory):
+                continue
             directory.mkdir(parents=True, exist_ok=True)
             log(f"{arm} seed {seed}: {'goes on' if (directory / 'run_record.jsonl').exists() else 'starts'} "
                 f"(console: {directory / 'console.log'})")
@@ -79,6 +94,8 @@ def run_all(plan: dict, out: Path) -> None:
                 log(f"{arm} seed {seed}: stopped by SIGTERM after {minutes:.1f} min (exit {code}); the same command "
                     "goes on from its checkpoint")
                 break
+            if code and left_to_another(arm, seed, directory):  # taken between the check above and this start
+                continue
             if code:
                 raise CompareError(f"compare run: {arm} seed {seed} failed (exit {code}) after {minutes:.1f} min; its "
                                    f"console: {directory / 'console.log'}")
@@ -87,4 +104,8 @@ def run_all(plan: dict, out: Path) -> None:
         signal.signal(signal.SIGTERM, previous)
     if stop:
         sys.exit(STOPPED)
+    if elsewhere:
+        log(f"{len(elsewhere)} of {len(run_keys(plan))} runs left to the runs that hold them ({', '.join(elsewhere)}): "
+            "the same command again, once they end, goes on with any they leave unfinished")
+        return
     log(f"all {len(run_keys(plan))} runs finished: `python -m evolrl compare report` reads them")
