@@ -419,6 +419,18 @@ class SignalAt(L.Callback):
                 os.kill(os.getpid(), self.signum)
 
 
+class SignalInEvaluation(L.Callback):
+    """Sends this process ``signum`` as the evaluation after training step ``step`` starts its first batch, in a run
+    that started from nothing (a requeued run's evaluation of that step goes through)."""
+
+    def __init__(self, step: int, signum: int = 15) -> None:
+        self.step, self.signum = step, signum
+
+    def on_validation_batch_start(self, trainer, module, batch, batch_idx, dataloader_idx=0) -> None:
+        if (trainer.global_step, trainer.sanity_checking, batch_idx, trainer.ckpt_path) == (self.step, False, 0, None):
+            os.kill(os.getpid(), self.signum)
+
+
 class NaNAfter(MajorityVoteReward):
     """TTRL's reward, but NaN for the first group's responses from its ``calls``-th call on (a reward bug)."""
 

@@ -7,6 +7,7 @@ both runs are in this process, on this machine, with the same seeded sampling, a
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -73,6 +74,52 @@ def test_sigterm_saves_exits_143_and_the_resumed_run_ends_as_an_uninterrupted_on
     assert resumed.trainer.global_step == 4
     final = weights(resumed)
     assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in expected)
+
+
+RESPONSES = {"class_path": "evolrl.callbacks.EvalResponses", "init_args": {"output_dir": "responses"}}
+
+
+def evaluations(directory: Path) -> dict[int, list]:
+    """``{step: every response's tokens}`` of each evaluation written under ``directory``."""
+    return {int(f.stem.rpartition("step")[2]): [r["tokens"] for line in f.read_text().splitlines()
+                                                for r in json.loads(line)["responses"]]
+            for f in directory.glob("val_responses_step*.jsonl")}
+
+
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory, tiny_model):
+    """The 4-step run uninterrupted (an evaluation after every step): its weights and its evaluations' responses."""
+    root = tmp_path_factory.mktemp("whole")
+    cli = main(["fit", "--config", str(run_config(root, tiny_model, callbacks=[
+        RESPONSES | {"init_args": {"output_dir": str(root / "responses")}}]))])
+    return weights(cli), evaluations(root / "responses")
+
+
+@pytest.mark.parametrize("signal_at", [
+    {"class_path": "helpers.SignalAt", "init_args": {"step": 3}},  # the last step: its evaluation is the run's last
+    {"class_path": "helpers.SignalAt", "init_args": {"step": 1}},  # a step in the middle
+    {"class_path": "helpers.SignalInEvaluation", "init_args": {"step": 2}},  # the evaluation cut short
+], ids=["before-the-last-evaluation", "before-an-evaluation", "during-an-evaluation"])
+def test_the_resumed_run_makes_the_evaluation_the_signal_skipped_first(tmp_path, tiny_model, whole_run, signal_at,
+                                                                         capsys):
+    """The signal stops the run where an evaluation was due or under way; the requeued run evaluates those weights
+    before it trains on, so it has every evaluation of the uninterrupted run, with the same sampled tokens (both
+    runs in this process, with the same seeded sampling), and its weights end the same."""
+    expected_weights, expected_evaluations = whole_run
+    config = run_config(tmp_path, tiny_model, enable_progress_bar=True, callbacks=[
+        signal_at, RESPONSES | {"init_args": {"output_dir": str(tmp_path / "responses")}}])
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--config", str(config), "--ckpt_path", "last"])
+    assert stopped.value.code == 143
+    step = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert step not in evaluations(tmp_path / "responses")
+    capsys.readouterr()
+    resumed = main(["fit", "--config", str(config), "--ckpt_path", "last"])
+    progress = [line for line in capsys.readouterr().out.splitlines() if "] step " in line]
+    assert f"] step {step}/4  evaluation" in progress[0]  # before any training step
+    assert evaluations(tmp_path / "responses") == expected_evaluations
+    final = weights(resumed)
+    assert all(torch.equal(final[k], expected_weights[k]) for k in expected_weights)
 
 
 def test_a_requeued_run_keeps_one_last_checkpoint_when_the_signal_came_before_the_first_periodic_one(tmp_path,

@@ -21,7 +21,7 @@ import yaml
 from helpers import tiny_config
 
 from evolrl.checkpoints import RunLock
-from evolrl.compare.paired import bootstrap, differences, outcome, per_problem
+from evolrl.compare.paired import bootstrap, differences, evaluated_step, outcome, per_problem
 
 ROOT = Path(__file__).parent.parent
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
@@ -113,6 +113,8 @@ def test_plan_run_and_report_two_overlays_over_two_seeds(tmp_path, tiny_model):
     assert re.search(r"^\| b \| 2 \| 4 \| [+-][\d.]+ \| \([+-][\d.]+, [+-][\d.]+\) \| 0: [+-][\d.]+, 1: [+-][\d.]+ "
                      r"\| (not )?shown \|$", report, re.MULTILINE), report
     assert (tmp_path / "out" / "curves.png").stat().st_size > 10_000
+    for run in runs.glob("*/seed*"):  # b seed 0's evaluation the SIGTERM skipped was made when it went on
+        assert sorted(evaluated_step(f) for f in run.rglob("val_responses_step*.jsonl")) == [0, 1, 2], run
     assert (tmp_path / "out" / "report.md").read_text() == report
 
     saved = runs / "a" / "seed1" / "config.yaml"
@@ -121,6 +123,10 @@ def test_plan_run_and_report_two_overlays_over_two_seeds(tmp_path, tiny_model):
     report = compare("report", *given, cwd=tmp_path)
     assert "- a seed 1: refused\n    model.optim.lr: 0.001 -> 0.002" in report and "- b seed 1: missing" in report
     assert re.search(r"^\| b \| 1 \| 4 \| ", report, re.MULTILINE), report  # seed 0 alone is paired
+    next(runs.glob("b/seed0/**/val_responses_step2.jsonl")).unlink()  # a run that ended without its last evaluation
+    report = compare("report", *given, cwd=tmp_path)
+    assert "- b - a, seed 0: left out, its last evaluations are at different steps (b 1, a 2)" in report
+    assert "no seed finished in both arms at one step" in report
 
 
 def test_the_spec_names_a_bad_field_and_its_value(tmp_path, tiny_model):
@@ -138,6 +144,13 @@ def rows(correct: list[list[bool]]) -> list[dict]:
     return [{"dataset": "heldout", "id": f"add-{i}", "responses": [{"answer": "1" if c else "0", "correct": c}
                                                                    for c in problem]}
             for i, problem in enumerate(correct)]
+
+
+def test_an_evaluation_some_seeds_lack_says_how_many_it_covers():
+    from evolrl.compare.report import seeds_mean
+
+    assert seeds_mean([0.5, 0.7], 2) == "0.600 +- 0.141"
+    assert seeds_mean([0.5], 2) == "0.500 +- 0.000 (1 of 2 seeds)"
 
 
 def test_pass_and_majority_per_problem_from_the_responses():

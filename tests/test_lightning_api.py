@@ -1,10 +1,11 @@
 """The parts of Lightning evolrl relies on that Lightning does not promise to keep.
 
 ``EvolRLCLI`` uses LightningCLI's public hooks and overrides one private method, ``_parse_ckpt_path``, for which
-Lightning has no public switch; ``evolrl.distributed.ModelParallelStrategy`` reads one private attribute. These tests
-fail on a Lightning release that changes either: read the new code, adapt evolrl's (a checkpoint's hyper-parameters
-must not replace the settings given), then update what is expected here and the ``lightning`` range in
-``pyproject.toml``.
+Lightning has no public switch; ``evolrl.distributed.ModelParallelStrategy`` reads one private attribute;
+``evolrl.checkpoints.preemption`` asks the training loop whether an evaluation follows a step and runs the evaluation
+loop itself (an evaluation a signal skipped, made on resuming). These tests fail on a Lightning release that changes
+any of them: read the new code, adapt evolrl's (a checkpoint's hyper-parameters must not replace the settings given),
+then update what is expected here and the ``lightning`` range in ``pyproject.toml``.
 """
 
 from __future__ import annotations
@@ -71,3 +72,19 @@ def test_the_private_attribute_the_fsdp2_strategy_reads_is_set_by_lightning():
 
     assert "self._save_distributed_checkpoint = save_distributed_checkpoint" in inspect.getsource(
         ModelParallelStrategy.__init__)
+
+
+def test_the_training_loop_evaluates_as_preemption_asks_and_runs_it():
+    """``evaluation_follows`` asks the test ``on_advance_end`` makes next, with the fit loop's data fetcher;
+    ``evaluate_now`` runs the evaluation as ``on_advance_end`` does (validating, then training again)."""
+    from lightning.pytorch.loops.fit_loop import _FitLoop
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+
+    after_a_step = inspect.getsource(_TrainingEpochLoop.on_advance_end)
+    order = [after_a_step.index(line) for line in ("should_check_val = self._should_check_val_fx(data_fetcher)",
+                                                   "self.trainer.validating = True", "self.val_loop.run()",
+                                                   "self.trainer.training = True")]
+    assert order == sorted(order)
+    assert list(inspect.signature(_TrainingEpochLoop._should_check_val_fx).parameters) == ["self", "data_fetcher"]
+    assert "self.epoch_loop.run(self._data_fetcher)" in inspect.getsource(_FitLoop.advance)
+    assert "self.val_loop.restarting = False" in inspect.getsource(_TrainingEpochLoop.advance)

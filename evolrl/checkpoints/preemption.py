@@ -10,9 +10,12 @@ naming it and the command that resumes it, and exits with ``128 + signal``: 143 
 shell reports for a process the signal ended. So SLURM (``afterok`` dependencies), Kubernetes (``podFailurePolicy``
 on exit codes) and torchrun (a failed worker) see a run that did not finish. The step in progress is finished, not
 abandoned: its bounds are known (one step's time), and a checkpoint at a step's end resumes exactly. An evaluation
-in progress is abandoned after its current batch (an evaluation can take longer than a grace period); the resumed
-run goes on training and evaluates at the next interval. A signal during the sanity check, before any step, saves
-nothing new. docs/cluster.md has the timings and what to set where a step is longer than the grace period.
+in progress is abandoned after its current batch (an evaluation can take longer than a grace period), and one due
+after the step is not started. Either is owed: the checkpoint says so, and the resumed run evaluates those weights
+first, as the uninterrupted run did, before it trains on (or ends: a run stopped at its last step would otherwise end
+without its last evaluation, and a comparison read its arms at different steps). A signal during the sanity check,
+before any step, saves nothing new. docs/cluster.md has the timings and what to set where a step is longer than the
+grace period.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class Preemption(L.Callback):
         self.abandoned_evaluation = False
         self.exit_code = 0
         """Set once a step's checkpoint is saved on a signal: the exit code, raised after Lightning logs the step."""
+        self.owed_evaluation: int | None = None
+        """The step whose evaluation a signal skipped or cut short; part of the checkpoint, run on resuming there."""
 
     # ---- the signal: noted only ---------------------------------------------------------------
     def _note(self, signum: int, frame) -> None:
@@ -72,6 +77,15 @@ class Preemption(L.Callback):
 
     def on_train_start(self, trainer, module) -> None:
         self._install(trainer)
+        owed, self.owed_evaluation = self.owed_evaluation, None
+        if owed == trainer.global_step:  # not when resumed from another step's checkpoint; a signal in it owes it again
+            evaluate_now(trainer)
+
+    def state_dict(self) -> dict:
+        return {"owed_evaluation": self.owed_evaluation}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.owed_evaluation = state_dict.get("owed_evaluation")
 
     def _agreed(self, trainer) -> int:
         """The signal any rank received (the largest number), 0 for none; the same on every rank."""
@@ -84,6 +98,7 @@ class Preemption(L.Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         signum = self._agreed(trainer)
         if signum:  # saved at the step's end; the exit waits until Lightning has logged the step
+            self.owed_evaluation = trainer.global_step if evaluation_follows(trainer) else None
             self.exit_code = self._stop(trainer, signum, self._save(trainer))
 
     def _exit_once_logged(self, trainer, *args, **kwargs) -> None:
@@ -100,6 +115,7 @@ class Preemption(L.Callback):
         signum = self._agreed(trainer)
         if signum:
             self.abandoned_evaluation = not trainer.sanity_checking
+            self.owed_evaluation = trainer.global_step if self.abandoned_evaluation else None
             raise Preempted(self._stop(trainer, signum, self._save(trainer) if self.abandoned_evaluation else
                                        "no training step since the start: nothing new to save"))
 
@@ -137,6 +153,23 @@ class Preemption(L.Callback):
             print(f"evolrl: {name} received, stopping at step {step}, {waited}: {what}{resume}; exit code {code}",
                   file=sys.stdout, flush=True)
         return code
+
+
+def evaluation_follows(trainer) -> bool:
+    """Whether Lightning evaluates after the training step that just ended (asked at its ``on_train_batch_end``): its
+    own test, which ``_TrainingEpochLoop.on_advance_end`` makes next (tests/test_lightning_api.py pins both)."""
+    fit = trainer.fit_loop
+    return fit._data_fetcher is not None and fit.epoch_loop._should_check_val_fx(fit._data_fetcher)
+
+
+def evaluate_now(trainer) -> None:
+    """One evaluation of the current weights inside ``fit``, as ``_TrainingEpochLoop.on_advance_end`` runs one: from
+    the evaluation's first batch, not from where a checkpoint left the loop's counters."""
+    loop = trainer.fit_loop.epoch_loop.val_loop
+    trainer.validating = True
+    loop.restarting = False
+    loop.run()
+    trainer.training = True
 
 
 def stop_point(trainer, what: str) -> None:

@@ -33,7 +33,12 @@ def read_rows(path: Path) -> list[dict]:
 def last_responses(run: Path) -> Path | None:
     """The run's held-out responses at its last evaluation; ``None`` where it wrote none."""
     files = list(Path(run).rglob("val_responses_step*.jsonl"))
-    return max(files, key=lambda f: int(f.stem.rpartition("step")[2]), default=None)
+    return max(files, key=evaluated_step, default=None)
+
+
+def evaluated_step(responses: Path | None) -> int | None:
+    """The training step of an ``EvalResponses`` file (``val_responses_step<N>.jsonl``); ``None`` for none."""
+    return None if responses is None else int(Path(responses).stem.rpartition("step")[2])
 
 
 def per_problem(rows: list[dict], metric: str, eval_set: str | None = None) -> dict[str, float]:

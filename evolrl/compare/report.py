@@ -9,7 +9,7 @@ Printed and written to ``<out>/report.md``, with the figure beside it (``<out>/c
   (``CollapseMonitor``);
 - the rule: each arm against the baseline, the paired difference per problem at the last evaluation, each seed's
   own mean, and the interval from the bootstrap over seeds and problems (``paired.py``), then the outcome.
-A seed counts in the paired difference when both arms finished it and were accepted.
+A seed counts in the paired difference when both arms finished it, were accepted and last evaluated at one step.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import yaml
 
 from evolrl.checkpoints.record import finished, read_record
 from evolrl.compare.curves import mean_sd, read_scalars, table
-from evolrl.compare.paired import bootstrap, differences, last_responses, outcome, per_problem, read_rows
+from evolrl.compare.paired import (bootstrap, differences, evaluated_step, last_responses, outcome, per_problem,
+                                   read_rows)
 from evolrl.compare.plan import run_dir, run_keys
 from evolrl.compare.resolve import IGNORED, changes
 from evolrl.compare.spec import METRIC, CompareError
@@ -82,14 +83,19 @@ def at_evaluations(plan: dict, scalars: dict[str, list[dict]]) -> list[str]:
                 # A training step's curves are logged at the step count before it: those behind this evaluation.
                 return [v for s, v in run.get(tag, []) if (before is None or s >= before) and s < step]
 
-            cells = [mean_sd([dict(run[f"val/{eval_set}/{n}"])[step] for run in runs
-                              if step in dict(run.get(f"val/{eval_set}/{n}", []))]) for n in names]
+            cells = [seeds_mean([dict(run[f"val/{eval_set}/{n}"])[step] for run in runs
+                                 if step in dict(run.get(f"val/{eval_set}/{n}", []))], len(runs)) for n in names]
             cells += [mean_sd([statistics.fmean(v) for run in runs if (v := since(run, f"train/{tag}"))], digits)
                       for tag, digits in (("entropy", 3), ("response_length", 1))]
             rows.append([step, *cells])
         lines += [f"{arm} ({len(runs)} seeds), on {eval_set}; collapse step: {mean_sd(collapse, 0)}", "",
                   *table(["step", *names, "entropy", "length"], rows), ""]
     return lines
+
+
+def seeds_mean(values: list[float], seeds: int) -> str:
+    """``mean +- sd``, and how many of the arm's seeds it covers where an evaluation is missing from some."""
+    return mean_sd(values) + (f" ({len(values)} of {seeds} seeds)" if len(values) < seeds else "")
 
 
 def scored(run: Path, metric: str, eval_set: str) -> dict[str, float]:
@@ -120,13 +126,19 @@ def rule_section(plan: dict, out: Path, states: dict) -> list[str]:
     lines = [f"Rule: {rule['metric']} per held-out problem at the last evaluation, each arm - {base}, paired by seed "
              f"and problem; shown when the mean is {sign} {threshold:+g} and the {level} interval (bootstrap over "
              f"seeds and problems, {rule['resamples']} replicates) excludes 0 on that side.", ""]
-    rows = []
+    rows, notes = [], []
     for arm in plan["arms"]:
         if arm == base:
             continue
         seeds = [s for s in plan["seeds"] if states[arm, s][0] == states[base, s][0] == "finished"]
+        for seed in list(seeds):  # a pair is read at one step, or not at all
+            steps = {a: evaluated_step(last_responses(run_dir(out, a, seed))) for a in (arm, base)}
+            if steps[arm] != steps[base]:
+                seeds.remove(seed)
+                notes.append(f"- {arm} - {base}, seed {seed}: left out, its last evaluations are at different steps "
+                             f"({', '.join(f'{a} {s}' for a, s in steps.items())})")
         if not seeds:
-            rows.append([arm, 0, "-", "-", "-", "-", "no seed finished in both arms"])
+            rows.append([arm, 0, "-", "-", "-", "-", "no seed finished in both arms at one step"])
             continue
         matrix, problems, (gap, low, high) = paired(plan, out, arm, base, seeds, rule["metric"])
         shown = outcome(gap, low, high, rule["direction"], rule["threshold"])
@@ -134,7 +146,7 @@ def rule_section(plan: dict, out: Path, states: dict) -> list[str]:
         rows.append([arm, len(seeds), len(problems), f"{gap:+.3f}", f"({low:+.3f}, {high:+.3f})", per_seed,
                      "shown" if shown else "not shown"])
     return lines + table([f"arm - {base}", "seeds", "problems", f"mean {rule['metric']}", f"{level} interval",
-                          "per seed", "outcome"], rows)
+                          "per seed", "outcome"], rows) + (["", *notes] if notes else [])
 
 
 def report(plan: dict, out: Path) -> tuple[str, Path | None]:
