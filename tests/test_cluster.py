@@ -7,7 +7,6 @@ both runs are in this process, on this machine, with the same seeded sampling, a
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -21,6 +20,7 @@ from helpers import make_tiny_model, tiny_config
 
 from evolrl.checkpoints import RunLock
 from evolrl.cli import main
+from evolrl.compare.paired import evaluated_step, read_rows
 from evolrl.data.sources import DataError
 from evolrl.training import GRPOLoss, GRPOUpdate
 from evolrl.training.batching import Batching
@@ -76,13 +76,14 @@ def test_sigterm_saves_exits_143_and_the_resumed_run_ends_as_an_uninterrupted_on
     assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in expected)
 
 
-RESPONSES = {"class_path": "evolrl.callbacks.EvalResponses", "init_args": {"output_dir": "responses"}}
+def responses_to(directory: Path) -> dict:
+    """An ``EvalResponses`` callback writing into ``directory``."""
+    return {"class_path": "evolrl.callbacks.EvalResponses", "init_args": {"output_dir": str(directory)}}
 
 
 def evaluations(directory: Path) -> dict[int, list]:
     """``{step: every response's tokens}`` of each evaluation written under ``directory``."""
-    return {int(f.stem.rpartition("step")[2]): [r["tokens"] for line in f.read_text().splitlines()
-                                                for r in json.loads(line)["responses"]]
+    return {evaluated_step(f): [r["tokens"] for row in read_rows(f) for r in row["responses"]]
             for f in directory.glob("val_responses_step*.jsonl")}
 
 
@@ -91,7 +92,7 @@ def whole_run(tmp_path_factory, tiny_model):
     """The 4-step run uninterrupted (an evaluation after every step): its weights and its evaluations' responses."""
     root = tmp_path_factory.mktemp("whole")
     cli = main(["fit", "--config", str(run_config(root, tiny_model, callbacks=[
-        RESPONSES | {"init_args": {"output_dir": str(root / "responses")}}]))])
+        responses_to(root / "responses")]))])
     return weights(cli), evaluations(root / "responses")
 
 
@@ -107,7 +108,7 @@ def test_the_resumed_run_makes_the_evaluation_the_signal_skipped_first(tmp_path,
     runs in this process, with the same seeded sampling), and its weights end the same."""
     expected_weights, expected_evaluations = whole_run
     config = run_config(tmp_path, tiny_model, enable_progress_bar=True, callbacks=[
-        signal_at, RESPONSES | {"init_args": {"output_dir": str(tmp_path / "responses")}}])
+        signal_at, responses_to(tmp_path / "responses")])
     with pytest.raises(SystemExit) as stopped:
         main(["fit", "--config", str(config), "--ckpt_path", "last"])
     assert stopped.value.code == 143
