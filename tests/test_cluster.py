@@ -96,19 +96,27 @@ def whole_run(tmp_path_factory, tiny_model):
     return weights(cli), evaluations(root / "responses")
 
 
-@pytest.mark.parametrize("signal_at", [
-    {"class_path": "helpers.SignalAt", "init_args": {"step": 3}},  # the last step: its evaluation is the run's last
-    {"class_path": "helpers.SignalAt", "init_args": {"step": 1}},  # a step in the middle
-    {"class_path": "helpers.SignalInEvaluation", "init_args": {"step": 2}},  # the evaluation cut short
-], ids=["before-the-last-evaluation", "before-an-evaluation", "during-an-evaluation"])
+BY_MAX_STEPS = {"max_epochs": -1, "max_steps": 4, "limit_train_batches": None}
+"""The same 4 steps (the one epoch of 4 batches) as a length in steps: resumed at step 4, the fit loop has ended."""
+
+
+@pytest.mark.parametrize("signal_at, length", [
+    ({"class_path": "helpers.SignalAt", "init_args": {"step": 3}}, {}),  # the last step: its evaluation is the last
+    ({"class_path": "helpers.SignalAt", "init_args": {"step": 3}}, BY_MAX_STEPS),
+    ({"class_path": "helpers.SignalInEvaluation", "init_args": {"step": 4}}, BY_MAX_STEPS),
+    ({"class_path": "helpers.SignalAt", "init_args": {"step": 1}}, {}),  # a step in the middle
+    ({"class_path": "helpers.SignalInEvaluation", "init_args": {"step": 2}}, {}),  # the evaluation cut short
+], ids=["before-the-last-evaluation", "before-the-last-evaluation-of-max-steps", "during-the-last-evaluation",
+        "before-an-evaluation", "during-an-evaluation"])
 def test_the_resumed_run_makes_the_evaluation_the_signal_skipped_first(tmp_path, tiny_model, whole_run, signal_at,
-                                                                         capsys):
+                                                                         length, capsys):
     """The signal stops the run where an evaluation was due or under way; the requeued run evaluates those weights
-    before it trains on, so it has every evaluation of the uninterrupted run, with the same sampled tokens (both
-    runs in this process, with the same seeded sampling), and its weights end the same."""
+    before it trains on (or ends, where the step was its last), so it has every evaluation of the uninterrupted run,
+    with the same sampled tokens (both runs in this process, with the same seeded sampling), and its weights end the
+    same."""
     expected_weights, expected_evaluations = whole_run
     config = run_config(tmp_path, tiny_model, enable_progress_bar=True, callbacks=[
-        signal_at, responses_to(tmp_path / "responses")])
+        signal_at, responses_to(tmp_path / "responses")], **length)
     with pytest.raises(SystemExit) as stopped:
         main(["fit", "--config", str(config), "--ckpt_path", "last"])
     assert stopped.value.code == 143

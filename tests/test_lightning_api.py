@@ -3,9 +3,9 @@
 ``EvolRLCLI`` uses LightningCLI's public hooks and overrides one private method, ``_parse_ckpt_path``, for which
 Lightning has no public switch; ``evolrl.distributed.ModelParallelStrategy`` reads one private attribute;
 ``evolrl.checkpoints.preemption`` asks the training loop whether an evaluation follows a step and runs the evaluation
-loop itself (an evaluation a signal skipped, made on resuming). These tests fail on a Lightning release that changes
-any of them: read the new code, adapt evolrl's (a checkpoint's hyper-parameters must not replace the settings given),
-then update what is expected here and the ``lightning`` range in ``pyproject.toml``.
+loop itself (an evaluation a signal skipped, made on resuming, ahead of the fit loop's ``run``). These tests fail on a
+Lightning release that changes any of them: read the new code, adapt evolrl's (a checkpoint's hyper-parameters must
+not replace the settings given), then update what is expected here and the ``lightning`` range in ``pyproject.toml``.
 """
 
 from __future__ import annotations
@@ -88,3 +88,16 @@ def test_the_training_loop_evaluates_as_preemption_asks_and_runs_it():
     assert list(inspect.signature(_TrainingEpochLoop._should_check_val_fx).parameters) == ["self", "data_fetcher"]
     assert "self.epoch_loop.run(self._data_fetcher)" in inspect.getsource(_FitLoop.advance)
     assert "self.val_loop.restarting = False" in inspect.getsource(_TrainingEpochLoop.advance)
+
+
+def test_the_fit_loop_sets_up_its_data_then_may_end_before_any_hook():
+    """``run_first`` calls ``_FitLoop.setup_data`` itself, then the evaluation a resumed run owes, then Lightning's
+    ``run``: which sets up the data (a no-op the second time), returns at once where no step is left, and only
+    otherwise calls ``on_train_start``. A release that adds a hook between the two lets the hook do it."""
+    from lightning.pytorch.loops.fit_loop import _FitLoop
+
+    run = inspect.getsource(_FitLoop.run)
+    order = [run.index(line) for line in ("self.setup_data()", "if self.skip:", "return", "self.on_run_start()")]
+    assert order == sorted(order)
+    assert "if self._combined_loader is not None and not self._should_reload_train_dl:" in inspect.getsource(
+        _FitLoop.setup_data)

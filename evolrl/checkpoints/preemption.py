@@ -20,6 +20,7 @@ grace period.
 
 from __future__ import annotations
 
+import functools
 import signal
 import sys
 import threading
@@ -77,6 +78,18 @@ class Preemption(L.Callback):
 
     def on_train_start(self, trainer, module) -> None:
         self._install(trainer)
+
+    def setup(self, trainer, module, stage: str) -> None:
+        if stage == "fit":
+            run_first(trainer.fit_loop, functools.partial(self._owed_evaluation, trainer))
+
+    def teardown(self, trainer, module, stage: str) -> None:
+        if stage == "fit":
+            vars(trainer.fit_loop).pop("run", None)
+
+    def _owed_evaluation(self, trainer) -> None:
+        """The evaluation the checkpoint owes, made with its weights before the fit loop trains on or ends."""
+        self._install(trainer)  # a signal during it is noted here too
         owed, self.owed_evaluation = self.owed_evaluation, None
         if owed == trainer.global_step:  # not when resumed from another step's checkpoint; a signal in it owes it again
             evaluate_now(trainer)
@@ -160,6 +173,19 @@ def evaluation_follows(trainer) -> bool:
     own test, which ``_TrainingEpochLoop.on_advance_end`` makes next (tests/test_lightning_api.py pins both)."""
     fit = trainer.fit_loop
     return fit._data_fetcher is not None and fit.epoch_loop._should_check_val_fx(fit._data_fetcher)
+
+
+def run_first(loop, before) -> None:
+    """Makes the fit ``loop`` call ``before()`` once the checkpoint is restored and the training data set up, before it
+    decides whether any step is left. A run resumed at its last step ends there without calling ``on_train_start`` or
+    any other hook, so that hook cannot make the evaluation it owes (tests/test_lightning_api.py pins ``_FitLoop.run``).
+    ``Preemption.teardown`` removes it."""
+    def run() -> None:
+        loop.setup_data()  # the run's length, which the progress lines print; run() returns at once the second time
+        before()
+        type(loop).run(loop)
+
+    loop.run = run
 
 
 def evaluate_now(trainer) -> None:
