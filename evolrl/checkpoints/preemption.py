@@ -76,9 +76,6 @@ class Preemption(L.Callback):
     def on_sanity_check_start(self, trainer, module) -> None:
         self._install(trainer)
 
-    def on_train_start(self, trainer, module) -> None:
-        self._install(trainer)
-
     def setup(self, trainer, module, stage: str) -> None:
         if stage == "fit":
             run_first(trainer.fit_loop, functools.partial(self._owed_evaluation, trainer))
@@ -89,7 +86,7 @@ class Preemption(L.Callback):
 
     def _owed_evaluation(self, trainer) -> None:
         """The evaluation the checkpoint owes, made with its weights before the fit loop trains on or ends."""
-        self._install(trainer)  # a signal during it is noted here too
+        self._install(trainer)  # before every start's first step or evaluation, after Lightning registered its own
         owed, self.owed_evaluation = self.owed_evaluation, None
         if owed == trainer.global_step:  # not when resumed from another step's checkpoint; a signal in it owes it again
             evaluate_now(trainer)
