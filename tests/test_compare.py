@@ -21,7 +21,10 @@ import yaml
 from helpers import tiny_config
 
 from evolrl.checkpoints import RunLock
+from evolrl.checkpoints.record import record
 from evolrl.compare.paired import bootstrap, differences, evaluated_step, outcome, per_problem
+from evolrl.compare.plan import run_dir
+from evolrl.compare.report import runs_table
 
 ROOT = Path(__file__).parent.parent
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
@@ -127,6 +130,21 @@ def test_plan_run_and_report_two_overlays_over_two_seeds(tmp_path, tiny_model):
     report = compare("report", *given, cwd=tmp_path)
     assert "- b - a, seed 0: left out, its last evaluations are at different steps (b 1, a 2)" in report
     assert "no seed finished in both arms at one step" in report
+
+
+def test_the_runs_table_names_a_seed_whose_arms_ran_at_different_commits_or_processors(tmp_path):
+    ran = {("a", 0): ("e23a072", "AMD EPYC"), ("b", 0): ("e23a072", "Intel Xeon"),
+           ("a", 1): ("e23a072", "AMD EPYC"), ("b", 1): ("8590dac", "AMD EPYC"),
+           ("a", 2): ("e23a072", "AMD EPYC"), ("b", 2): ("e23a072", "AMD EPYC")}
+    for (arm, seed), (commit, processor) in ran.items():
+        directory = run_dir(tmp_path, arm, seed)
+        record(directory, event="start", commit=commit, processor=processor, host="h", **{"from": None})
+        record(directory, event="end", step=40)
+    text = "\n".join(runs_table({key: ("finished", []) for key in ran}, tmp_path, "e23a072"))
+    assert "The arms of seed(s) [1] ran at different commits." in text
+    assert "The arms of seed(s) [0] ran on different processors." in text
+    unfinished = {key: ("unfinished" if key == ("b", 0) else "finished", []) for key in ran}  # a run left out: no line
+    assert "different processors" not in "\n".join(runs_table(unfinished, tmp_path, "e23a072"))
 
 
 def test_the_spec_names_a_bad_field_and_its_value(tmp_path, tiny_model):

@@ -1,7 +1,8 @@
 """``compare report``: the finished runs of the plan, read back and compared as the rule says.
 
 Printed and written to ``<out>/report.md``, with the figure beside it (``<out>/curves.png``):
-- the runs: each one's state, the commits and processors its starts recorded, and the runs left out: missing or
+- the runs: each one's state, the commits and processors its starts recorded (a line names any seed whose arms
+  ran at different commits or on different processors), and the runs left out: missing or
   unfinished, or refused because their saved configuration (``config.yaml``, what ``fit`` ran) differs from the
   plan's in anything (a run's arm and seed are already its own in the plan, so any difference is something else);
 - per arm at every evaluation, mean +- sd over its seeds: held-out pass@1, pass@K, maj@K, the training entropy and
@@ -57,13 +58,14 @@ def runs_table(states: dict, out: Path, plan_commit: str) -> list[str]:
                      ", ".join(dict.fromkeys(r["commit"] for r in starts)) or "-",
                      ", ".join(dict.fromkeys(r["processor"] for r in starts)) or "-"])
     lines = table(["arm", "seed", "state", "starts", "steps", "commit", "processor"], rows)
-    seeds = {}
-    for arm, seed, state, _, _, commits, _ in rows:
-        if state == "finished":
-            seeds.setdefault(seed, set()).add(commits)
-    mixed = [s for s, c in seeds.items() if len(c) > 1]
-    if mixed:
-        lines.append(f"\nThe arms of seed(s) {mixed} ran at different commits.")
+    for column, how in ((5, "at different commits"), (6, "on different processors")):  # kernels differ between CPUs
+        seeds = {}
+        for row in rows:
+            if row[2] == "finished":
+                seeds.setdefault(row[1], set()).add(row[column])
+        mixed = [seed for seed, values in seeds.items() if len(values) > 1]
+        if mixed:
+            lines.append(f"\nThe arms of seed(s) {mixed} ran {how}.")
     return [f"Plan made at commit {plan_commit}.", "", *lines]
 
 
