@@ -52,8 +52,8 @@ def run_states(plan: dict, out: Path) -> dict[tuple[str, int], tuple[str, list[s
 def runs_table(states: dict, out: Path, plan_commit: str) -> list[str]:
     rows = []
     for (arm, seed), (state, _) in states.items():
-        starts = [r for r in read_record(run_dir(out, arm, seed)) if r["event"] == "start"]
-        ends = [r for r in read_record(run_dir(out, arm, seed)) if r["event"] == "end"]
+        entries = read_record(run_dir(out, arm, seed))
+        starts, ends = ([r for r in entries if r["event"] == event] for event in ("start", "end"))
         rows.append([arm, seed, state, len(starts), ends[-1]["step"] if ends else "-",
                      ", ".join(dict.fromkeys(r["commit"] for r in starts)) or "-",
                      ", ".join(dict.fromkeys(r["processor"] for r in starts)) or "-"])
